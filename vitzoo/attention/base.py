@@ -1,0 +1,167 @@
+"""The contract every mechanism follows: a timm-compatible ``attn_layer`` on (B, N, C) tokens.
+
+``ZooAttention`` owns what all mechanisms share -- the input projections and their head layout
+(``heads: split | projected``), qk-norm, logit noise, the output projection -- and asks its
+subclass only how tokens mix (``mix``) and what the (implied) attention matrix is (``probs``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+__all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES"]
+
+HEAD_MODES = ("split", "projected")
+
+
+class HeadProjection(nn.Module):
+    """Tokens (B, N, C) -> ``num_outputs`` tensors (B, H, N, D), one per projection (q, k, v...).
+
+    ``split`` (timm's way, seed 002): one linear map to ``H*D`` channels, cut into ``H`` heads.
+    ``projected``: one ``C -> C`` map per output (``q_i = x_i W_q``), then each head applies its
+    own ``C -> D`` matrix to the full ``q_i`` (``q^{i,m} = q_i W^{q,m}``), so ``D`` is free.
+    """
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int, num_outputs: int, mode: str = "split",
+                 bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        if mode not in HEAD_MODES:
+            raise ValueError(f"unknown heads={mode!r}; choose one of {list(HEAD_MODES)}")
+        dd = {"device": device, "dtype": dtype}
+        self.mode, self.num_heads, self.head_dim, self.num_outputs = mode, num_heads, head_dim, num_outputs
+        if mode == "split":
+            self.proj = nn.Linear(dim, num_outputs * num_heads * head_dim, bias=bias, **dd)
+            self.head_proj = None
+        else:
+            self.proj = nn.Linear(dim, num_outputs * dim, bias=bias, **dd)
+            self.head_proj = nn.ModuleList(
+                nn.Linear(dim, num_heads * head_dim, bias=False, **dd) for _ in range(num_outputs))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        B, N, _ = x.shape
+        if self.head_proj is None:
+            out = self.proj(x).reshape(B, N, self.num_outputs, self.num_heads, self.head_dim)
+            return tuple(out.permute(2, 0, 3, 1, 4).unbind(0))
+        full = self.proj(x).chunk(self.num_outputs, dim=-1)
+        return tuple(hp(t).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+                     for hp, t in zip(self.head_proj, full))
+
+
+class ZooAttention(nn.Module):
+    """Base of every mechanism; the constructor takes timm's ``attn_layer`` arguments.
+
+    Subclasses set ``projections`` (which of q, k, v they need) and implement ``mix`` and
+    ``probs``. Context arguments (``num_tokens``, ``num_prefix_tokens``, ``grid_size``) describe
+    the token layout the model was built for; the backbone updates ``token_grid`` per forward.
+    """
+
+    projections: Sequence[str] = ("q", "k", "v")
+    has_logits: bool = True
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            qkv_bias: bool = False,
+            qk_norm: bool = False,
+            scale_norm: bool = False,
+            proj_bias: bool = True,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            norm_layer: Optional[Callable[..., nn.Module]] = None,
+            *,
+            heads: str = "split",
+            head_dim: Optional[int] = None,
+            logit_noise: float = 0.0,
+            dim_out: Optional[int] = None,
+            num_tokens: Optional[int] = None,
+            num_prefix_tokens: int = 0,
+            grid_size: Optional[Tuple[int, int]] = None,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if head_dim is None:
+            if heads == "split" and dim % num_heads:
+                raise ValueError(
+                    f"dim={dim} is not divisible by num_heads={num_heads} with heads='split'; "
+                    f"set head_dim explicitly or choose num_heads dividing {dim}")
+            head_dim = dim // num_heads
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("qk_norm / scale_norm need a norm_layer")
+        if logit_noise < 0:
+            raise ValueError(f"logit_noise is a standard deviation and must be >= 0, got {logit_noise}")
+        self.num_heads, self.head_dim, self.heads = num_heads, head_dim, heads
+        self.attn_dim = num_heads * head_dim
+        self.logit_noise = float(logit_noise)
+        self.eval_logit_noise = 0.0
+        self.num_tokens, self.num_prefix_tokens = num_tokens, num_prefix_tokens
+        self.grid_size = tuple(grid_size) if grid_size is not None else None
+        self.token_grid: Optional[Tuple[int, int]] = None
+        self.attention_probe: Optional[Callable] = None
+
+        self.in_proj = HeadProjection(dim, num_heads, head_dim, len(self.projections), heads, qkv_bias, **dd)
+        use_qk_norm = qk_norm and "q" in self.projections
+        self.q_norm = norm_layer(head_dim, **dd) if use_qk_norm else nn.Identity()
+        self.k_norm = norm_layer(head_dim, **dd) if use_qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    # -- what a mechanism implements -------------------------------------------------------
+    def mix(self, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
+            attn_mask: Optional[torch.Tensor], is_causal: bool, logit_noise: float) -> torch.Tensor:
+        """Mix value tokens: (B, H, N, D) -> (B, H, N, D)."""
+        raise NotImplementedError
+
+    def probs(self, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor],
+              attn_mask: Optional[torch.Tensor], is_causal: bool, query_index: torch.Tensor) -> torch.Tensor:
+        """The (implied) noiseless attention matrix for the queries ``query_index``: (B, H, Q, N)."""
+        raise NotImplementedError
+
+    # -- shared machinery ---------------------------------------------------------------------
+    @property
+    def active_logit_noise(self) -> float:
+        """``logit_noise`` while training, ``eval_logit_noise`` (0 unless switched on) in eval."""
+        return self.logit_noise if self.training else self.eval_logit_noise
+
+    def current_grid(self, num_tokens: int) -> Tuple[int, int]:
+        """The (h, w) patch grid of the current input: set by the backbone, else a square guess."""
+        n = num_tokens - self.num_prefix_tokens
+        grid = self.token_grid
+        if grid is not None and grid[0] * grid[1] == n:
+            return grid
+        side = math.isqrt(max(n, 0))
+        if side * side != n:
+            raise ValueError(
+                f"cannot infer the patch grid of {num_tokens} tokens ({self.num_prefix_tokens} prefix); "
+                f"set token_grid=(h, w) on the attention layer or use a square input")
+        return side, side
+
+    def project(self, x: torch.Tensor):
+        """q, k, v as (B, H, N, D) (None for projections the mechanism does not use)."""
+        out = dict(zip(self.projections, self.in_proj(x)))
+        q, k = out.get("q"), out.get("k")
+        if q is not None:
+            q = self.q_norm(q)
+        if k is not None:
+            k = self.k_norm(k)
+        return q, k, out.get("v")
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        B, N, _ = x.shape
+        q, k, v = self.project(x)
+        out = self.mix(x, q, k, v, attn_mask, is_causal, self.active_logit_noise)
+        if self.attention_probe is not None:
+            self.attention_probe(self, lambda index: self.probs(x, q, k, attn_mask, is_causal, index), N)
+        out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
+        return self.proj_drop(self.proj(self.norm(out)))
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"

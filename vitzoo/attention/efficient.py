@@ -1,0 +1,28 @@
+"""Efficient Attention (Shen et al.): the softmax-split form of seed 001."""
+from __future__ import annotations
+
+from . import functional as AF
+from .base import ZooAttention
+from .linear import _no_mask
+from .registry import register_attention
+
+__all__ = ["EfficientAttention"]
+
+
+@register_attention("efficient")
+class EfficientAttention(ZooAttention):
+    """softmax over channels of each query times (softmax over tokens of each key channel)^T v.
+
+    Logit noise is one eps_j per key added to all its channels before the softmax over tokens.
+    """
+
+    has_logits = False
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        _no_mask(attn_mask)
+        if is_causal:
+            raise ValueError("efficient attention has no causal form; use attention='linear' with causal: true")
+        return AF.efficient_attention(q, k, v, logit_noise=logit_noise)
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        return AF.efficient_probs(q[:, :, query_index], k)

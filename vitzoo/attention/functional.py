@@ -1,0 +1,190 @@
+"""Attention as pure functions of (B, H, N, D) tensors, one formula each (ATTENTION.md).
+
+``*_attention`` returns the output (B, H, Nq, Dv); ``*_probs`` returns the (implied) attention
+matrix (B, H, Nq, Nk) of the same mechanism, used by the eager paths, diagnostics and tests.
+Sums over tokens accumulate in fp32 whatever the input dtype.
+
+Logit noise (seed 000) is Gaussian noise of std ``logit_noise`` on the logits; mechanisms
+without logits take the per-key factor exp(eps_j) on their key features instead, which keeps
+them O(n). ``logit_noise=0`` never draws a random number: the result is bit-identical to the
+noiseless call.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from .feature_maps import feature_map as _feature_map
+
+__all__ = [
+    "softmax_attention",
+    "softmax_probs",
+    "linear_attention",
+    "kernel_probs",
+    "taylor_attention",
+    "efficient_attention",
+    "efficient_probs",
+    "entropy_scale",
+    "additive_mask",
+    "LINEAR_IMPLS",
+]
+
+LINEAR_IMPLS = ("auto", "triton", "torch", "eager")
+Scale = Union[float, torch.Tensor, None]
+
+
+def entropy_scale(head_dim: int, num_keys: int, train_keys: int) -> float:
+    """Entropy-invariant scale kappa*log(n)/d with kappa = sqrt(d)/log(n_train) (seed 004).
+
+    Equals 1/sqrt(d) at ``num_keys == train_keys`` and grows like log(n) beyond it.
+    """
+    if train_keys < 2 or num_keys < 1:
+        raise ValueError(f"log_n scale needs train_keys >= 2 and num_keys >= 1, got {train_keys}, {num_keys}")
+    return math.sqrt(head_dim) / math.log(train_keys) * math.log(max(num_keys, 2)) / head_dim
+
+
+def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
+    """A boolean keep-mask (True = attend) or an additive float mask, as an additive fp mask."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.zeros(attn_mask.shape, dtype=like.dtype, device=like.device).masked_fill(~attn_mask, float("-inf"))
+
+
+def _logit_bias(q: torch.Tensor, k: torch.Tensor, attn_mask, logit_noise: float, dtype) -> Optional[torch.Tensor]:
+    """The additive term on the logits: the mask plus Gaussian noise when ``logit_noise > 0``."""
+    bias = additive_mask(attn_mask, q.new_empty((), dtype=dtype))
+    if logit_noise > 0:
+        shape = q.shape[:-1] + (k.shape[-2],)
+        noise = torch.randn(shape, device=q.device, dtype=dtype) * logit_noise
+        bias = noise if bias is None else noise + bias.to(dtype)
+    return bias
+
+
+def softmax_probs(q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_mask=None,
+                  logit_noise: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T * scale + mask + noise), computed in fp32: (B, H, Nq, Nk)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = (q.float() * scale) @ k.float().transpose(-2, -1)
+    bias = _logit_bias(q, k, attn_mask, logit_noise, torch.float32)
+    if bias is not None:
+        logits = logits + bias
+    return logits.softmax(dim=-1)
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Scale = None,
+                      logit_noise: float = 0.0, attn_mask: Optional[torch.Tensor] = None,
+                      fused: bool = True, return_attn: bool = False, dropout_p: float = 0.0):
+    """Scaled dot-product attention softmax(q k^T * scale) v (seed 002).
+
+    ``fused`` goes through ``F.scaled_dot_product_attention`` (noise rides in as an additive
+    mask); the eager twin computes the same function and, with ``return_attn``, also returns
+    the attention matrix as ``(out, attn)``.
+    """
+    if fused and not return_attn:
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        if isinstance(scale, torch.Tensor):
+            scale = float(scale)
+        bias = _logit_bias(q, k, attn_mask, logit_noise, q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    attn = softmax_probs(q, k, scale, attn_mask, logit_noise)
+    out = (F.dropout(attn, dropout_p) @ v.float()).to(v.dtype)
+    return (out, attn) if return_attn else out
+
+
+def _key_noise(k: torch.Tensor, logit_noise: float) -> Optional[torch.Tensor]:
+    """Per-key log-factors eps_j ~ N(0, sigma^2), shape (B, H, Nk, 1), or None at sigma = 0."""
+    if logit_noise <= 0:
+        return None
+    return torch.randn(k.shape[:-1] + (1,), device=k.device, dtype=torch.float32) * logit_noise
+
+
+def _kernel_features(q, k, feature_map: str, logit_noise: float):
+    phi = _feature_map(feature_map)
+    fq, fk = phi(q.float()), phi(k.float())
+    noise = _key_noise(k, logit_noise)
+    if noise is not None:
+        fk = fk * noise.exp()
+    return fq, fk
+
+
+def kernel_probs(q: torch.Tensor, k: torch.Tensor, feature_map: str = "elu", eps: float = 1e-6,
+                 causal: bool = False, logit_noise: float = 0.0) -> torch.Tensor:
+    """The implied matrix A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps)."""
+    fq, fk = _kernel_features(q, k, feature_map, logit_noise)
+    sim = fq @ fk.transpose(-2, -1)
+    if causal:
+        sim = sim.tril()
+    return sim / (sim.sum(dim=-1, keepdim=True) + eps)
+
+
+def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noise: float):
+    """out_i = phi(q_i) S / (phi(q_i).z + eps), the plain formula (the reference path)."""
+    fq, fk = _kernel_features(q, k, feature_map, logit_noise)
+    vf = v.float()
+    if causal:
+        # S_i = sum_{j<=i} phi(k_j)^T v_j as a cumulative sum of outer products (n*d^2 memory).
+        state = torch.cumsum(fk.unsqueeze(-1) * vf.unsqueeze(-2), dim=-3)
+        num = (fq.unsqueeze(-2) @ state).squeeze(-2)
+        den = (fq * fk.cumsum(dim=-2)).sum(dim=-1, keepdim=True)
+    else:
+        num = fq @ (fk.transpose(-2, -1) @ vf)
+        den = fq @ fk.sum(dim=-2).unsqueeze(-1)
+    return (num / (den + eps)).to(v.dtype)
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
+                     eps: float = 1e-6, impl: str = "auto", causal: bool = False,
+                     logit_noise: float = 0.0) -> torch.Tensor:
+    """Kernel attention phi(q) (sum_j phi(k_j)^T v_j) / (phi(q).sum_j phi(k_j) + eps) in O(n d^2).
+
+    ``impl``: ``eager`` is the plain formula; ``torch`` (chunked autograd Function) and
+    ``triton`` (GPU kernels) are the fused non-causal paths in ``vitzoo.kernels``; ``auto``
+    takes Triton on CUDA, the torch path elsewhere, and the eager formula for the causal form
+    and for key noise (both still O(n)).
+    """
+    if impl not in LINEAR_IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {list(LINEAR_IMPLS)}")
+    _feature_map(feature_map)
+    if causal or logit_noise > 0:
+        if impl in ("torch", "triton"):
+            what = "causal=True" if causal else "logit_noise > 0"
+            raise ValueError(f"impl={impl!r} is the fused non-causal, noiseless path; with {what} use impl='auto' or 'eager'")
+        impl = "eager"
+    if impl == "eager":
+        return _linear_eager(q, k, v, feature_map, eps, causal, logit_noise)
+    from vitzoo.kernels import fused_linear_attention
+
+    return fused_linear_attention(q, k, v, feature_map=feature_map, eps=eps, impl=impl)
+
+
+def taylor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
+                     impl: str = "auto", causal: bool = False, logit_noise: float = 0.0) -> torch.Tensor:
+    """sim(q, k) = 1 + cos(q, k) (seed 001): linear attention with phi(x) = [1, x/|x|]."""
+    return linear_attention(q, k, v, "taylor", eps, impl, causal, logit_noise)
+
+
+def efficient_probs(q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0) -> torch.Tensor:
+    """The implied matrix softmax_D(q) softmax_N(k)^T of Efficient Attention; rows sum to 1."""
+    qs, ks = _efficient_factors(q, k, logit_noise)
+    return qs @ ks.transpose(-2, -1)
+
+
+def _efficient_factors(q, k, logit_noise: float):
+    logits = k.float()
+    noise = _key_noise(k, logit_noise)
+    if noise is not None:
+        logits = logits + noise  # the same eps_j on every channel of key j
+    return q.float().softmax(dim=-1), logits.softmax(dim=-2)
+
+
+def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        logit_noise: float = 0.0) -> torch.Tensor:
+    """Efficient Attention (Shen et al.): softmax_D(q) (softmax_N(k)^T v).
+
+    Not the exp(k) shortcut with a separate denominator (ATTENTION.md section 3).
+    """
+    qs, ks = _efficient_factors(q, k, logit_noise)
+    return (qs @ (ks.transpose(-2, -1) @ v.float())).to(v.dtype)

@@ -1,0 +1,70 @@
+"""Softmax (scaled dot-product) attention, with the entropy-invariant log-n scale (seeds 002, 004)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import functional as AF
+from .base import ZooAttention
+from .registry import register_attention
+
+__all__ = ["SoftmaxAttention", "SCALE_MODES", "logit_scale"]
+
+SCALE_MODES = ("sqrt_d", "log_n")
+
+
+def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[int]) -> float:
+    """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``)."""
+    if mode == "sqrt_d":
+        return head_dim ** -0.5
+    return AF.entropy_scale(head_dim, num_keys, train_keys)
+
+
+def check_scale(mode: str, train_keys: Optional[int]) -> None:
+    """Validate a ``scale`` option at build time."""
+    if mode not in SCALE_MODES:
+        raise ValueError(f"unknown scale={mode!r}; choose one of {list(SCALE_MODES)}")
+    if mode == "log_n" and not train_keys:
+        raise ValueError("scale='log_n' needs the training token count: build it inside a vitzoo model "
+                         "or set train_tokens=<tokens at training resolution>")
+
+
+@register_attention("softmax")
+class SoftmaxAttention(ZooAttention):
+    """softmax(q k^T * scale) v; ``fused`` uses SDPA, the eager twin materialises the matrix."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, scale: str = "sqrt_d",
+                 train_tokens: Optional[int] = None, fused: bool = True, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.scale_mode = scale
+        self.train_tokens = train_tokens or self.num_tokens
+        check_scale(scale, self.train_tokens)
+        self.fused = fused
+
+    def logit_scale(self, num_keys: int) -> float:
+        return logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        if is_causal:
+            attn_mask = _causal_mask(q, k, attn_mask)
+        return AF.softmax_attention(q, k, v, scale=self.logit_scale(k.shape[-2]), logit_noise=logit_noise,
+                                    attn_mask=attn_mask, fused=self.fused,
+                                    dropout_p=self.attn_drop.p if self.training else 0.0)
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        if is_causal:
+            attn_mask = _causal_mask(q, k, attn_mask)
+        if attn_mask is not None:
+            attn_mask = attn_mask[..., query_index, :] if attn_mask.shape[-2] > 1 else attn_mask
+        return AF.softmax_probs(q[:, :, query_index], k, self.logit_scale(k.shape[-2]), attn_mask)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", scale={self.scale_mode}, fused={self.fused}"
+
+
+def _causal_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if attn_mask is None:
+        return keep
+    return AF.additive_mask(attn_mask, q) + AF.additive_mask(keep, q)

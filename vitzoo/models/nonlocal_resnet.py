@@ -1,0 +1,119 @@
+"""Non-local ResNets: timm's ResNet with non-local blocks whose attention comes from the registry."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from timm.layers import to_2tuple
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.resnet import BasicBlock, Bottleneck, ResNet
+
+from vitzoo.attention import AttentionSpec, resolve_attention
+
+__all__ = ["NonLocalBlock", "NonLocalResNet"]
+
+
+class NonLocalBlock(nn.Module):
+    """y = x + BN(W_z Attention(theta(x), phi(x), g(x))) over all H*W positions (Wang et al.).
+
+    theta, phi, g and W_z are 1x1 convolutions, i.e. the attention module's linear projections
+    applied per position; the BN after W_z starts with zero scale, so the block starts as the
+    identity. Any registered mechanism can attend (softmax = embedded Gaussian, linear, ...).
+    """
+
+    def __init__(self, channels: int, attention: AttentionSpec = "softmax", reduction: int = 2,
+                 num_heads: int = 1, grid_size: Optional[Tuple[int, int]] = None):
+        super().__init__()
+        cls, options = resolve_attention(attention)
+        options.setdefault("head_dim", max(1, channels // reduction // num_heads))
+        grid = tuple(grid_size) if grid_size is not None else None
+        self.attn = cls(channels, num_heads=num_heads, qkv_bias=True,
+                        num_tokens=grid[0] * grid[1] if grid else None, grid_size=grid, **options)
+        self.norm = nn.BatchNorm2d(channels)
+        nn.init.zeros_(self.norm.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        self.attn.token_grid = (H, W)
+        y = self.attn(x.flatten(2).transpose(1, 2))
+        return x + self.norm(y.transpose(1, 2).reshape(B, C, H, W))
+
+
+class NonLocalResNet(ResNet):
+    """timm ResNet with ``NonLocalBlock``s after residual blocks of the chosen stages.
+
+    ``nonlocal_stages`` are 1-based stage numbers (``layer1``..``layer4``); each gets
+    ``nonlocal_per_stage`` blocks spread over its residual blocks (the last always included).
+    ``cifar_stem`` swaps the 7x7/2 stem and max-pool for one 3x3/1 conv (32x32 inputs).
+    """
+
+    def __init__(self, *args, attention: AttentionSpec = "softmax", nonlocal_stages: Sequence[int] = (2, 3),
+                 nonlocal_per_stage: int = 1, nonlocal_reduction: int = 2, nonlocal_heads: int = 1,
+                 cifar_stem: bool = False, img_size=224, **kwargs):
+        super().__init__(*args, **kwargs)
+        if cifar_stem:
+            self.conv1 = nn.Conv2d(self.conv1.in_channels, self.conv1.out_channels, 3, 1, 1, bias=False)
+            nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
+            self.maxpool = nn.Identity()
+            for info in self.feature_info:
+                info["reduction"] //= 4 if info["module"] != "act1" else 2
+        bad = [s for s in nonlocal_stages if s not in (1, 2, 3, 4)]
+        if bad:
+            raise ValueError(f"nonlocal_stages {bad} out of range; stages are 1..4 (layer1..layer4)")
+        img = to_2tuple(img_size)
+        for stage in nonlocal_stages:
+            layer = getattr(self, f"layer{stage}")
+            info = self.feature_info[stage]
+            grid = (img[0] // info["reduction"], img[1] // info["reduction"])
+            after = _spread(len(layer), nonlocal_per_stage)
+            blocks = []
+            for i, block in enumerate(layer):
+                blocks.append(block)
+                if i in after:
+                    blocks.append(NonLocalBlock(info["num_chs"], attention, nonlocal_reduction, nonlocal_heads, grid))
+            setattr(self, f"layer{stage}", nn.Sequential(*blocks))
+
+
+def _spread(num_blocks: int, count: int) -> set:
+    """Indices of ``count`` residual blocks, evenly spread, ending at the last one."""
+    if not 1 <= count <= num_blocks:
+        raise ValueError(f"nonlocal_per_stage={count} must be between 1 and the stage's {num_blocks} blocks")
+    return {num_blocks - 1 - round(i * num_blocks / count) for i in range(count)}
+
+
+def _create(variant: str, pretrained: bool, block, layers, **kwargs):
+    return build_model_with_cfg(NonLocalResNet, variant, pretrained, block=block, layers=layers, **kwargs)
+
+
+def _cfg(**kwargs):
+    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
+            "interpolation": "bilinear", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+            "first_conv": "conv1", "classifier": "fc", "license": "apache-2.0", **kwargs}
+
+
+default_cfgs = generate_default_cfgs({
+    "nonlocal_resnet18": _cfg(),
+    "nonlocal_resnet50": _cfg(),
+    "nonlocal_resnet18_cifar": _cfg(num_classes=10, input_size=(3, 32, 32), pool_size=(4, 4), crop_pct=1.0,
+                                    mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
+})
+
+
+@register_model
+def nonlocal_resnet18(pretrained: bool = False, **kwargs) -> NonLocalResNet:
+    """ResNet-18 with a non-local block closing stages 2 and 3 (res3, res4)."""
+    return _create("nonlocal_resnet18", pretrained, BasicBlock, [2, 2, 2, 2], **kwargs)
+
+
+@register_model
+def nonlocal_resnet50(pretrained: bool = False, **kwargs) -> NonLocalResNet:
+    """ResNet-50 with non-local blocks in stages 2 and 3 (Wang et al. place 5 there: set nonlocal_per_stage)."""
+    return _create("nonlocal_resnet50", pretrained, Bottleneck, [3, 4, 6, 3], **kwargs)
+
+
+@register_model
+def nonlocal_resnet18_cifar(pretrained: bool = False, **kwargs) -> NonLocalResNet:
+    """ResNet-18 with a 3x3 stride-1 stem (no max-pool) for 32x32 inputs, non-local in stages 2 and 3."""
+    kwargs = {"num_classes": 10, "img_size": 32, "cifar_stem": True, **kwargs}
+    return _create("nonlocal_resnet18_cifar", pretrained, BasicBlock, [2, 2, 2, 2], **kwargs)

@@ -1,0 +1,100 @@
+"""ViT backbones: timm's ``VisionTransformer`` with the zoo's attention as ``attn_layer``."""
+from __future__ import annotations
+
+from typing import Tuple
+
+from timm.layers import to_2tuple
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+
+from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
+
+__all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+class ZooVisionTransformer(VisionTransformer):
+    """timm's VisionTransformer that tells its attention layers the patch grid of each input.
+
+    Synthesizer grids and the log-n scale need the (h, w) grid when the input size changes
+    (``dynamic_img_size``); everything else is timm's, including ``forward_intermediates``.
+    """
+
+    def _pos_embed(self, x):
+        grid = tuple(x.shape[1:3]) if self.dynamic_img_size else tuple(self.patch_embed.grid_size)
+        for block in self.blocks:
+            if isinstance(block.attn, ZooAttention):
+                block.attn.token_grid = grid
+        return super()._pos_embed(x)
+
+
+def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
+    """Block indices spread over the depth, e.g. (2, 5, 8, 11) for 12 blocks."""
+    return tuple(sorted({max(0, round((i + 1) * depth / levels) - 1) for i in range(levels)}))
+
+
+def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs):
+    img_size = to_2tuple(kwargs.get("img_size", 224))
+    patch_size = to_2tuple(kwargs.get("patch_size", 16))
+    grid = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
+    if grid[0] * patch_size[0] != img_size[0] or grid[1] * patch_size[1] != img_size[1]:
+        raise ValueError(f"img_size {tuple(img_size)} is not divisible by patch_size {tuple(patch_size)}; "
+                         f"choose an img_size that is a multiple of the patch size")
+    prefix = (1 if kwargs.get("class_token", True) else 0) + kwargs.get("reg_tokens", 0)
+    context = dict(num_tokens=prefix + grid[0] * grid[1], num_prefix_tokens=prefix, grid_size=grid)
+    kwargs.setdefault("dynamic_img_size", True)
+    out_indices = kwargs.pop("out_indices", default_feature_levels(kwargs.get("depth", 12)))
+    return build_model_with_cfg(
+        ZooVisionTransformer, variant, pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+        attn_layer=attention_layer(attention, **context),
+        **kwargs,
+    )
+
+
+def _cfg(**kwargs):
+    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.9,
+            "interpolation": "bicubic", "fixed_input_size": False, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
+            "first_conv": "patch_embed.proj", "classifier": "head", "license": "apache-2.0", **kwargs}
+
+
+default_cfgs = generate_default_cfgs({
+    "vit_cifar": _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR_MEAN, std=CIFAR_STD),
+    "vit_tiny": _cfg(),
+    "vit_small": _cfg(),
+    "vit_base": _cfg(),
+})
+
+# Architecture shapes; anything passed to create_model overrides them.
+VIT_ARCHS = {
+    "vit_cifar": dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_ratio=2.0, num_classes=10),
+    "vit_tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "vit_base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+
+
+@register_model
+def vit_cifar(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
+    """CIFAR-size ViT (Lee et al. 2021 shape, 3 heads): 32x32 input, patch 4, 192 wide, 9 deep."""
+    return _create_vit("vit_cifar", pretrained, **{**VIT_ARCHS["vit_cifar"], **kwargs})
+
+
+@register_model
+def vit_tiny(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
+    """ViT-Ti/16 shape (192 wide, 12 deep, 3 heads)."""
+    return _create_vit("vit_tiny", pretrained, **{**VIT_ARCHS["vit_tiny"], **kwargs})
+
+
+@register_model
+def vit_small(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
+    """ViT-S/16 shape (384 wide, 12 deep, 6 heads)."""
+    return _create_vit("vit_small", pretrained, **{**VIT_ARCHS["vit_small"], **kwargs})
+
+
+@register_model
+def vit_base(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
+    """ViT-B/16 shape (768 wide, 12 deep, 12 heads)."""
+    return _create_vit("vit_base", pretrained, **{**VIT_ARCHS["vit_base"], **kwargs})
