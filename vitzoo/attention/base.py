@@ -22,7 +22,9 @@ class HeadProjection(nn.Module):
 
     ``split`` (timm's way, seed 002): one linear map to ``H*D`` channels, cut into ``H`` heads.
     ``projected``: one ``C -> C`` map per output (``q_i = x_i W_q``), then each head applies its
-    own ``C -> D`` matrix to the full ``q_i`` (``q^{i,m} = q_i W^{q,m}``), so ``D`` is free.
+    own ``C -> D`` matrix to the full ``q_i`` (``q^{i,m} = q_i W^{q,m}``), so ``D`` is free. The
+    per-head matrices start variance-preserving (std 1/sqrt(C)), so at init both layouts give
+    q, k, v of the same scale.
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int, num_outputs: int, mode: str = "split",
@@ -34,20 +36,19 @@ class HeadProjection(nn.Module):
         self.mode, self.num_heads, self.head_dim, self.num_outputs = mode, num_heads, head_dim, num_outputs
         if mode == "split":
             self.proj = nn.Linear(dim, num_outputs * num_heads * head_dim, bias=bias, **dd)
-            self.head_proj = None
+            self.head_weight = None
         else:
             self.proj = nn.Linear(dim, num_outputs * dim, bias=bias, **dd)
-            self.head_proj = nn.ModuleList(
-                nn.Linear(dim, num_heads * head_dim, bias=False, **dd) for _ in range(num_outputs))
+            self.head_weight = nn.Parameter(torch.empty(num_outputs, dim, num_heads * head_dim, **dd))
+            nn.init.normal_(self.head_weight, std=dim ** -0.5)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         B, N, _ = x.shape
-        if self.head_proj is None:
-            out = self.proj(x).reshape(B, N, self.num_outputs, self.num_heads, self.head_dim)
-            return tuple(out.permute(2, 0, 3, 1, 4).unbind(0))
-        full = self.proj(x).chunk(self.num_outputs, dim=-1)
-        return tuple(hp(t).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-                     for hp, t in zip(self.head_proj, full))
+        out = self.proj(x).reshape(B * N, self.num_outputs, -1)
+        if self.head_weight is not None:
+            out = torch.bmm(out.transpose(0, 1), self.head_weight).transpose(0, 1)
+        out = out.reshape(B, N, self.num_outputs, self.num_heads, self.head_dim)
+        return tuple(out.permute(2, 0, 3, 1, 4).unbind(0))
 
 
 class ZooAttention(nn.Module):
