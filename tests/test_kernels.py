@@ -1,0 +1,222 @@
+"""vitzoo.kernels: the fused linear-attention paths against a float64 reference of the formula.
+
+out_i = phi(q_i) S / (phi(q_i).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j).
+The Triton kernels run under Triton's CPU interpreter in a subprocess (TRITON_INTERPRET must be
+set before triton is imported, so it cannot be switched on inside this pytest process).
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from vitzoo.attention import functional as AF
+from vitzoo.kernels import fused_linear_attention, triton_available
+
+EPS = 1e-6
+
+
+def phi_ref(x: torch.Tensor, feature_map: str) -> torch.Tensor:
+    """The feature maps of ATTENTION.md section 3, written out in float64."""
+    x = x.double()
+    if feature_map == "elu":
+        return torch.where(x > 0, x + 1, torch.exp(x))
+    if feature_map == "relu":
+        return x.clamp(min=0)
+    unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    return torch.cat([torch.ones_like(x[..., :1]), unit], dim=-1)  # taylor: 1 + cos(q, k)
+
+
+def reference(q, k, v, feature_map="elu", eps=EPS):
+    """The formula token by token: sim_ij = phi(q_i).phi(k_j), out_i = sum_j sim_ij v_j / (sum_j sim_ij + eps)."""
+    sim = phi_ref(q, feature_map) @ phi_ref(k, feature_map).transpose(-2, -1)
+    return (sim @ v.double()) / (sim.sum(-1, keepdim=True) + eps)
+
+
+def make_qkv(b, h, n, d, dv=None, dtype=torch.float32, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, width, generator=g).to(dtype).requires_grad_(requires_grad)
+            for width in (d, d, dv or d)]
+
+
+def grads(out, inputs, seed=1):
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.autograd.grad(out, inputs, dout.to(out.dtype))
+
+
+def assert_close_rel(actual, expected, rtol, atol=1e-6):
+    """Max error within rtol of the reference's largest entry (+ atol: n = 1 has ~0 grads for q, k)."""
+    err = (actual.double() - expected.double()).abs().max().item()
+    scale = expected.double().abs().max().item()
+    assert err <= rtol * scale + atol, f"max abs error {err:.3e} > {rtol:.1e} * {scale:.3e} + {atol:.0e}"
+
+
+# n = 1, 17, 130; head dims 16, 32, 64 (and an odd value dim); batch*heads 1 and 7
+SHAPES = [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (7, 1, 130, 64, 48), (1, 1, 130, 16, 16)]
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("impl,chunk", [("torch", None), ("torch", 8), ("eager", None)])
+def test_paths_match_float64_reference(feature_map, shape, impl, chunk):
+    b, h, n, d, dv = shape
+    q, k, v = make_qkv(b, h, n, d, dv)
+    if impl == "eager":
+        out = AF.linear_attention(q, k, v, feature_map, EPS, impl="eager")
+    else:
+        out = fused_linear_attention(q, k, v, feature_map, EPS, impl=impl, chunk=chunk)
+    ref = reference(q, k, v, feature_map)
+    assert out.shape == (b, h, n, dv) and out.dtype == torch.float32
+    assert_close_rel(out, ref, 1e-5)
+    for g, g_ref in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        assert_close_rel(g, g_ref, 1e-4)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor"])
+def test_gradcheck_float64(feature_map):
+    q, k, v = make_qkv(1, 2, 7, 4, 3, dtype=torch.float64)
+    fn = lambda q, k, v: fused_linear_attention(q, k, v, feature_map, EPS, impl="torch", chunk=3)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_auto_on_cpu_is_the_torch_path_and_functional_dispatches_to_it():
+    q, k, v = make_qkv(2, 3, 33, 16, requires_grad=False)
+    torch_out = fused_linear_attention(q, k, v, impl="torch")
+    assert torch.equal(fused_linear_attention(q, k, v, impl="auto"), torch_out)
+    assert torch.equal(AF.linear_attention(q, k, v, impl="auto"), torch_out)
+    assert torch.equal(AF.taylor_attention(q, k, v, impl="torch"),
+                       fused_linear_attention(q, k, v, "taylor", impl="torch"))
+
+
+def test_saves_only_inputs_and_state():
+    """Backward recomputes the features: saved = q, k, v and the (F, Dv + 1) state [S | z]."""
+    q, k, v = make_qkv(2, 3, 50, 16, 8)
+    out = fused_linear_attention(q, k, v, impl="torch", chunk=16)
+    saved = out.grad_fn.saved_tensors
+    assert sum(t.numel() for t in saved) == q.numel() + k.numel() + v.numel() + 2 * 3 * 16 * (8 + 1)
+
+
+def test_chunking_and_layout_do_not_change_the_result():
+    q, k, v = make_qkv(2, 3, 100, 32)
+    base = fused_linear_attention(q, k, v, impl="torch")
+    base_grads = grads(base, (q, k, v))
+    # timm's layout: q, k, v are strided views of one (B, N, 3, H, D) tensor
+    qkv = torch.stack([t.detach().transpose(1, 2) for t in (q, k, v)], dim=2).requires_grad_(True)
+    qs, ks, vs = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    assert not qs.is_contiguous()
+    for chunk in (1, 7, 64, 1000):
+        out = fused_linear_attention(qs, ks, vs, impl="torch", chunk=chunk)
+        torch.testing.assert_close(out, base, rtol=1e-5, atol=1e-6)
+        (dqkv,) = grads(out, (qkv,))
+        for i, g in enumerate(base_grads):
+            torch.testing.assert_close(dqkv[:, :, i].transpose(1, 2), g, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True)])
+def test_partial_requires_grad(wanted):
+    q, k, v = make_qkv(1, 2, 40, 16, requires_grad=False)
+    full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    expected = grads(fused_linear_attention(*full, impl="torch", chunk=16), full)
+    inputs = [t.clone().requires_grad_(w) for t, w in zip((q, k, v), wanted)]
+    out = fused_linear_attention(*inputs, impl="torch", chunk=16)
+    chosen = [t for t in inputs if t.requires_grad]
+    (g,) = grads(out, chosen)
+    torch.testing.assert_close(g, expected[wanted.index(True)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+def test_half_precision_on_cpu_is_finite_and_close_to_fp32(dtype, feature_map):
+    q, k, v = make_qkv(2, 3, 257, 32, dtype=dtype)
+    out = fused_linear_attention(q, k, v, feature_map, impl="torch", chunk=64)
+    assert out.dtype == dtype
+    q32, k32, v32 = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref = fused_linear_attention(q32, k32, v32, feature_map, impl="torch")
+    tol = 1e-2 if dtype == torch.float16 else 4e-2  # one rounding of the output / grads
+    assert_close_rel(out, ref, tol)
+    for g, g32 in zip(grads(out, (q, k, v)), grads(ref, (q32, k32, v32))):
+        assert g.dtype == dtype and torch.isfinite(g).all()
+        assert_close_rel(g, g32, tol)
+
+
+def test_fp16_at_64k_tokens_has_no_overflow():
+    """z = sum_j phi(k_j) ~ 65k per channel overflows fp16 (max 65504): sums must run in fp32."""
+    q, k, v = make_qkv(1, 1, 65536, 16, dtype=torch.float16, requires_grad=False)
+    k = k + 1  # elu(k) + 1 ~ 2 on average: z ~ 1.3e5 per channel
+    out = fused_linear_attention(q, k, v, impl="torch")
+    assert torch.isfinite(out).all()
+    # the n x n reference would be 32 GB here: the same formula in float64, summed first
+    fq, fk = phi_ref(q, "elu"), phi_ref(k, "elu")
+    ref = (fq @ (fk.transpose(-2, -1) @ v.double())) / (fq @ fk.sum(-2).unsqueeze(-1) + EPS)
+    assert_close_rel(out, ref, 2e-3)
+
+
+def test_bad_inputs_raise_errors_that_name_the_fix():
+    q, k, v = make_qkv(1, 2, 8, 16, requires_grad=False)
+    with pytest.raises(ValueError, match="impl='torch'"):
+        fused_linear_attention(q, k, v, impl="triton")  # CPU tensors without the interpreter
+    with pytest.raises(ValueError, match="impl='eager'"):
+        fused_linear_attention(q, k, v, impl="eager")
+    with pytest.raises(ValueError, match="choose one of"):
+        fused_linear_attention(q, k, v, feature_map="softmax")
+    with pytest.raises(ValueError, match=r"\(B, H, N, D\)"):
+        fused_linear_attention(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="same"):
+        fused_linear_attention(q, k[..., :8], v)
+    with pytest.raises(ValueError, match="dtype"):
+        fused_linear_attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="chunk"):
+        fused_linear_attention(q, k, v, impl="torch", chunk=0)
+
+
+_TRITON_SCRIPT = textwrap.dedent("""
+    import json, os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from vitzoo.kernels import fused_linear_attention
+    from test_kernels import assert_close_rel, grads, make_qkv, reference
+
+    checked = []
+    for fm in ("elu", "relu"):
+        for b, h, n, d, dv in [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (2, 1, 130, 16, 24), (1, 2, 70, 64, 64)]:
+            q, k, v = make_qkv(b, h, n, d, dv)
+            out = fused_linear_attention(q, k, v, fm, impl="triton")
+            ref = reference(q, k, v, fm)
+            assert out.dtype == torch.float32
+            assert_close_rel(out, ref, 1e-5)
+            for g, g_ref in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+                assert_close_rel(g, g_ref, 1e-4)
+            assert torch.equal(fused_linear_attention(q, k, v, fm, impl="triton"), out)  # deterministic
+            checked.append([fm, b, h, n, d, dv])
+    # strided inputs (timm's qkv layout) and gradients for v only
+    qkv = torch.randn(2, 45, 3, 2, 32)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    v = v.clone().requires_grad_(True)
+    out = fused_linear_attention(q, k, v, "elu", impl="triton")
+    assert_close_rel(out, reference(q, k, v), 1e-5)
+    (dv,) = grads(out, (v,))
+    (dv_ref,) = grads(reference(q, k, v), (v,))
+    assert_close_rel(dv, dv_ref, 1e-4)
+    try:
+        fused_linear_attention(q, k, v, "taylor", impl="triton")
+        taylor = "ran"
+    except ValueError as err:
+        taylor = str(err)
+    print(json.dumps({"checked": checked, "taylor": taylor}))
+""")
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton does not import here")
+def test_triton_kernels_under_the_interpreter():
+    """Forward and backward Triton kernels (elu, relu) in fp32 vs the float64 reference."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(report["checked"]) == 8
+    assert "impl='torch'" in report["taylor"]

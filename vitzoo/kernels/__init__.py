@@ -1,0 +1,88 @@
+"""Fused non-causal kernel (linear) attention: Triton kernels on CUDA, a chunked torch path elsewhere.
+
+``fused_linear_attention`` is what ``vitzoo.attention.functional.linear_attention`` calls for
+``impl`` in auto | torch | triton; the plain formula (``impl="eager"``) stays in ``functional``
+as the reference. ``auto`` takes Triton for CUDA tensors when triton imports and the feature map
+and head dims are ones the kernels serve (elu, relu; head dims <= 128), the torch path otherwise
+(e.g. ``taylor`` on CUDA).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+
+from .torch_linear import TORCH_FEATURE_MAPS, linear_attention_torch
+
+__all__ = ["fused_linear_attention", "linear_attention_torch", "triton_available", "FUSED_IMPLS"]
+
+FUSED_IMPLS = ("auto", "torch", "triton")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """Whether ``triton`` imports (it need not find a GPU)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optional[str]:
+    """Why the Triton path cannot serve these inputs (None when it can)."""
+    if not triton_available():
+        return "triton is not installed (pip install triton)"
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return f"the Triton kernels need CUDA tensors, got {q.device.type} ones"
+    from .triton_linear import MAX_HEAD_DIM, TRITON_FEATURE_MAPS
+
+    if feature_map not in TRITON_FEATURE_MAPS:
+        return f"the Triton kernels serve feature_map in {sorted(TRITON_FEATURE_MAPS)}, not {feature_map!r}"
+    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
+        return f"the Triton kernels serve head dims up to {MAX_HEAD_DIM}, got {q.shape[-1]} and {v.shape[-1]}"
+    if q.dtype == torch.float64:
+        return "the Triton kernels take fp32, bf16 or fp16 inputs, not fp64"
+    return None
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise ValueError(f"q, k, v must be (B, H, N, D) tensors, got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}; reshape to (batch, heads, tokens, head_dim)")
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; q and k "
+                         "need the same (B, H, *, D), k and v the same (B, H, N, *)")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError("q and k need at least one token each")
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them first")
+
+
+def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
+                           eps: float = 1e-6, impl: str = "auto", chunk: Optional[int] = None) -> torch.Tensor:
+    """out = phi(q) S / (phi(q).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j); non-causal.
+
+    q, k: (B, H, N, D), v: (B, H, N, Dv) -> (B, H, N, Dv) in v's dtype, sums in fp32. ``impl``:
+    ``triton`` (CUDA; CPU only under TRITON_INTERPRET=1), ``torch`` (chunked autograd Function,
+    ``chunk`` tokens per step, None = automatic) or ``auto`` (Triton where it serves the inputs).
+    """
+    if impl not in FUSED_IMPLS:
+        hint = " (the eager formula is vitzoo.attention.functional.linear_attention(impl='eager'))" \
+            if impl == "eager" else ""
+        raise ValueError(f"unknown impl {impl!r}; choose one of {list(FUSED_IMPLS)}{hint}")
+    if feature_map not in TORCH_FEATURE_MAPS:
+        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
+    _check_inputs(q, k, v)
+    if impl != "torch":
+        refusal = _triton_refusal(q, v, feature_map)
+        if refusal is None and (impl == "triton" or q.is_cuda):
+            from .triton_linear import linear_attention_triton
+
+            return linear_attention_triton(q, k, v, feature_map, eps)
+        if impl == "triton":
+            raise ValueError(f"impl='triton' cannot run here: {refusal}; use impl='torch' or 'auto'"
+                             + (", or move q, k, v to a CUDA device" if not q.is_cuda else ""))
+    return linear_attention_torch(q, k, v, feature_map, eps, chunk)

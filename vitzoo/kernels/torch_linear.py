@@ -1,0 +1,190 @@
+"""Chunked torch path for non-causal kernel attention: an autograd Function with the analytic backward.
+
+out_i = phi(q_i) S / (phi(q_i).z + eps),  S = sum_j phi(k_j)^T v_j,  z = sum_j phi(k_j).
+
+Forward and backward walk over the tokens in chunks, so the working set is a few cache-sized
+fp32 buffers whatever n is; only q, k, v, S and z are saved (features are recomputed). With
+g = dO / den, a = g S^T and w = (phi(q).a) / den the gradients are
+
+    dphi(q) = a - w z^T,   dS = sum_i phi(q_i)^T g_i,   dz = -sum_i w_i phi(q_i),
+    dphi(k) = v dS^T + dz,  dv = phi(k) dS,
+
+i.e. six (chunk x d x d) matmuls in all and one read of q, k, v, dO. Sums run in fp32 for any
+input dtype; outputs and gradients come back in the inputs' dtypes.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from vitzoo.attention.feature_maps import FEATURE_MAPS
+
+__all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
+
+_CHUNK_ELEMENTS = 1 << 18  # fp32 elements per (batch*heads, chunk, features) buffer: 1 MiB
+_TAYLOR_NORM_EPS = 1e-6  # F.normalize's eps inside feature_maps.taylor
+
+
+class FeatureMap(NamedTuple):
+    """``phi(x) -> (f, aux)`` and ``grad(df, f, aux, out) -> dx`` (may overwrite ``df``), plus how
+    many features phi adds to the head dim. ``aux`` is what the derivative needs (elu: exp part)."""
+
+    phi: Callable
+    grad: Callable
+    extra: int = 0
+
+
+def _elu_phi(x):
+    # elu(x) + 1 = exp(min(x, 0)) + max(x, 0): cheap passes instead of elu's slow one; the exp
+    # part is also the derivative.
+    e = x.clamp(max=0).exp_()
+    return torch.add(e, x.clamp(min=0)), e
+
+
+def _elu_grad(df, f, e, out):
+    return torch.mul(df, e, out=out)
+
+
+def _relu_phi(x):
+    f = F.relu(x)
+    return f, f
+
+
+def _relu_grad(df, f, aux, out):
+    return torch.mul(df, f.sign(), out=out)  # relu features are >= 0, so sign(f) is the 0/1 mask
+
+
+def _taylor_phi(x):
+    return FEATURE_MAPS["taylor"](x), x
+
+
+def _taylor_grad(df, f, x, out):
+    """VJP of [1, x / max(|x|, eps)]: the tangential part of dU over |x| (dU / eps below eps)."""
+    unit, dunit = f[..., 1:], df[..., 1:]
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    radial = torch.linalg.vecdot(unit, dunit).unsqueeze(-1) * (norm > _TAYLOR_NORM_EPS)
+    return torch.div(dunit - unit * radial, norm.clamp_min(_TAYLOR_NORM_EPS), out=out)
+
+
+TORCH_FEATURE_MAPS = {
+    "elu": FeatureMap(_elu_phi, _elu_grad),
+    "relu": FeatureMap(_relu_phi, _relu_grad),
+    "taylor": FeatureMap(_taylor_phi, _taylor_grad, extra=1),
+}
+
+
+def chunk_tokens(batch_heads: int, width: int, num_tokens: int) -> int:
+    """Tokens per chunk so that one (batch_heads, chunk, width) fp32 buffer holds ~1 MiB."""
+    return max(16, min(num_tokens, _CHUNK_ELEMENTS // max(1, batch_heads * width)))
+
+
+def _spans(n: int, chunk: int):
+    return ((s, min(s + chunk, n)) for s in range(0, n, chunk))
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    """The accumulation dtype: fp32 for fp32/bf16/fp16 inputs, fp64 for fp64 (gradcheck)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _rows(x: torch.Tensor, s: int, e: int) -> torch.Tensor:
+    """Tokens s:e of a (B, H, N, D) tensor as a (B*H, e-s, D) tensor in the accumulation dtype
+    (copies only the chunk, and only when it must)."""
+    return x[:, :, s:e].reshape(-1, e - s, x.shape[-1]).to(_acc(x))
+
+
+def _slot(dst: torch.Tensor, s: int, e: int) -> torch.Tensor:
+    """Tokens s:e of a contiguous (B, H, N, D) result as a writable (B*H, e-s, D) view."""
+    return dst[:, :, s:e].view(-1, e - s, dst.shape[-1])
+
+
+def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    if slot.dtype == a.dtype:
+        torch.bmm(a, b, out=slot)
+    else:
+        slot.copy_(torch.bmm(a, b))
+
+
+def _state(k, v, fm: FeatureMap, chunk: int):
+    """S' = [S | z] (BH, F, Dv + 1): S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j), in fp32."""
+    bh, dv = k.shape[0] * k.shape[1], v.shape[-1]
+    state = k.new_zeros(bh, k.shape[-1] + fm.extra, dv + 1, dtype=_acc(k))
+    S, z = state[..., :dv], state[..., dv]
+    for s, e in _spans(k.shape[2], chunk):
+        fk, _ = fm.phi(_rows(k, s, e))
+        S.baddbmm_(fk.mT, _rows(v, s, e))
+        z.add_(fk.sum(1))
+    return state
+
+
+def _forward(q, k, v, fm: FeatureMap, eps: float, chunk: int):
+    state = _state(k, v, fm, chunk)
+    out, dv = v.new_empty(q.shape[:3] + v.shape[3:]), v.shape[-1]
+    for s, e in _spans(q.shape[2], chunk):
+        fq, _ = fm.phi(_rows(q, s, e))
+        numden = torch.bmm(fq, state)  # [phi(q) S | phi(q).z]
+        torch.div(numden[..., :dv], numden[..., dv:].add_(eps), out=_slot(out, s, e))
+    return out, state
+
+
+def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, needs):
+    need_q, need_k, need_v = needs
+    dv_ = v.shape[-1]
+    S, z = state[..., :dv_], state[..., dv_].unsqueeze(1)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
+    dstate = torch.zeros_like(state)  # [dS | dz]
+    for s, e in _spans(q.shape[2], chunk):
+        fq, aux = fm.phi(_rows(q, s, e))
+        den = torch.linalg.vecdot(fq, z).unsqueeze(-1).add_(eps)
+        gw = fq.new_empty(fq.shape[:2] + (dv_ + 1,))  # [g | -w]
+        g = torch.div(_rows(dout, s, e), den, out=gw[..., :dv_])
+        a = torch.bmm(g, S.mT)
+        w = torch.linalg.vecdot(fq, a).unsqueeze(-1).div_(den)
+        torch.neg(w, out=gw[..., dv_:])
+        dstate.baddbmm_(fq.mT, gw)
+        if need_q:
+            fm.grad(a.addcmul_(w, z, value=-1.0), fq, aux, out=_slot(dq, s, e))
+    dS, dz = dstate[..., :dv_], dstate[..., dv_].unsqueeze(1)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_v else None
+    if need_k or need_v:
+        for s, e in _spans(k.shape[2], chunk):
+            fk, aux = fm.phi(_rows(k, s, e))
+            if need_v:
+                _bmm_into(_slot(dv, s, e), fk, dS)
+            if need_k:
+                fm.grad(torch.baddbmm(dz, _rows(v, s, e), dS.mT), fk, aux, out=_slot(dk, s, e))
+    return dq, dk, dv
+
+
+class _LinearAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, feature_map: str, eps: float, chunk: int):
+        fm = TORCH_FEATURE_MAPS[feature_map]
+        out, state = _forward(q, k, v, fm, eps, chunk)
+        ctx.save_for_backward(q, k, v, state)
+        ctx.fm, ctx.eps, ctx.chunk = fm, eps, chunk
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, state = ctx.saved_tensors
+        grads = _backward(dout, q, k, v, state, ctx.fm, ctx.eps, ctx.chunk, ctx.needs_input_grad[:3])
+        return (*grads, None, None, None)
+
+
+def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
+                           eps: float = 1e-6, chunk: Optional[int] = None) -> torch.Tensor:
+    """Chunked kernel attention on (B, H, N, D) tensors; ``chunk`` tokens per step (None = ~1 MiB buffers)."""
+    if feature_map not in TORCH_FEATURE_MAPS:
+        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
+    if chunk is None:
+        width = max(q.shape[-1] + TORCH_FEATURE_MAPS[feature_map].extra, v.shape[-1])
+        chunk = chunk_tokens(q.shape[0] * q.shape[1], width, max(q.shape[2], k.shape[2]))
+    elif chunk < 1:
+        raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
+    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk)

@@ -1,0 +1,253 @@
+"""Triton kernels for non-causal kernel attention (GPU; CI runs them under ``TRITON_INTERPRET=1``).
+
+Forward: ``_state_kernel`` splits the token reduction S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j)
+over (batch*heads, splits) programs and writes fp32 partials that are summed in a fixed order
+(deterministic); ``_output_kernel`` computes phi(q) S / (phi(q).z + eps) with the division fused.
+Backward (same notation as ``torch_linear``) recomputes the features: ``_dq_kernel`` reads q, dO
+once, writes dq and partials of [dS | dz]; ``_dkv_kernel`` reads k, v once and writes dk, dv.
+Only q, k, v, S, z are saved. Feature maps: elu (+1) and relu; head dims up to 128.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from torch.autograd.function import once_differentiable
+import triton.language as tl
+
+__all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM", "interpreting"]
+
+TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1}
+MAX_HEAD_DIM = 128
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _configs():
+    if interpreting():  # one config: the interpreter is slow and has nothing to tune
+        return [triton.Config({"BLOCK_N": 32}, num_warps=4)]
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bn in (64, 128) for w in (4, 8) for s in (2, 3)]
+
+
+_KEY = ["N", "D", "DV"]
+
+
+@triton.jit
+def _phi(x, FEATURE: tl.constexpr):
+    if FEATURE == 0:
+        return tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+    return tl.maximum(x, 0.0)
+
+
+@triton.jit
+def _dphi(x, FEATURE: tl.constexpr):
+    if FEATURE == 0:
+        return tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
+    return tl.where(x > 0, 1.0, 0.0)
+
+
+@triton.jit
+def _tile(ptr, stride_n, stride_d, offs_n, offs_d, mask):
+    return tl.load(ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+
+
+@triton.autotune(configs=_configs(), key=_KEY)
+@triton.jit
+def _state_kernel(K, V, PS, PZ, N, H, per_split,
+                  skb, skh, skn, skd, svb, svh, svn, svd,
+                  D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh, split, splits = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    b, h = bh // H, bh % H
+    K += b * skb + h * skh
+    V += b * svb + h * svh
+    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, N)
+    acc_s = tl.zeros((BLOCK_D, BLOCK_DV), dtype=tl.float32)
+    acc_z = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        rows = offs_n < hi
+        mk = rows[:, None] & (offs_d[None, :] < D)
+        fk = tl.where(mk, _phi(_tile(K, skn, skd, offs_n, offs_d, mk).to(tl.float32), FEATURE), 0.0)
+        v = _tile(V, svn, svd, offs_n, offs_e, rows[:, None] & (offs_e[None, :] < DV)).to(tl.float32)
+        acc_s += tl.dot(tl.trans(fk), v, input_precision=PREC)
+        acc_z += tl.sum(fk, axis=0)
+    part = bh * splits + split
+    tl.store(PS + part * D * DV + offs_d[:, None] * DV + offs_e[None, :], acc_s,
+             mask=(offs_d[:, None] < D) & (offs_e[None, :] < DV))
+    tl.store(PZ + part * D + offs_d, acc_z, mask=offs_d < D)
+
+
+@triton.autotune(configs=_configs(), key=_KEY)
+@triton.jit
+def _output_kernel(Q, S, Z, O, N, H, eps,
+                   sqb, sqh, sqn, sqd, sob, soh, son, sod,
+                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+    blk, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    md, me, rows = offs_d < D, offs_e < DV, offs_n < N
+    s = tl.load(S + bh * D * DV + offs_d[:, None] * DV + offs_e[None, :], mask=md[:, None] & me[None, :], other=0.0)
+    z = tl.load(Z + bh * D + offs_d, mask=md, other=0.0)
+    mq = rows[:, None] & md[None, :]
+    fq = tl.where(mq, _phi(_tile(Q + b * sqb + h * sqh, sqn, sqd, offs_n, offs_d, mq).to(tl.float32), FEATURE), 0.0)
+    den = tl.sum(fq * z[None, :], axis=1) + eps
+    out = tl.dot(fq, s, input_precision=PREC) / den[:, None]
+    O += b * sob + h * soh
+    tl.store(O + offs_n[:, None] * son + offs_e[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=rows[:, None] & me[None, :])
+
+
+@triton.autotune(configs=_configs(), key=_KEY)
+@triton.jit
+def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, H, per_split, eps,
+               sqb, sqh, sqn, sqd, sob, soh, son, sod, sgb, sgh, sgn, sgd,
+               D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DQ: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh, split, splits = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    b, h = bh // H, bh % H
+    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    md, me = offs_d < D, offs_e < DV
+    s = tl.load(S + bh * D * DV + offs_d[:, None] * DV + offs_e[None, :], mask=md[:, None] & me[None, :], other=0.0)
+    z = tl.load(Z + bh * D + offs_d, mask=md, other=0.0)
+    Q += b * sqb + h * sqh
+    DO += b * sob + h * soh
+    DQ += b * sgb + h * sgh
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, N)
+    acc_s = tl.zeros((BLOCK_D, BLOCK_DV), dtype=tl.float32)
+    acc_z = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        rows = offs_n < hi
+        mq = rows[:, None] & md[None, :]
+        q = _tile(Q, sqn, sqd, offs_n, offs_d, mq).to(tl.float32)
+        fq = tl.where(mq, _phi(q, FEATURE), 0.0)
+        do = _tile(DO, son, sod, offs_n, offs_e, rows[:, None] & me[None, :]).to(tl.float32)
+        den = tl.sum(fq * z[None, :], axis=1) + eps
+        g = do / den[:, None]
+        a = tl.dot(g, tl.trans(s), input_precision=PREC)
+        w = tl.sum(fq * a, axis=1) / den
+        acc_s += tl.dot(tl.trans(fq), g, input_precision=PREC)
+        acc_z -= tl.sum(fq * w[:, None], axis=0)
+        if NEED_DQ:
+            dq = (a - w[:, None] * z[None, :]) * _dphi(q, FEATURE)
+            tl.store(DQ + offs_n[:, None] * sgn + offs_d[None, :] * sgd, dq.to(DQ.dtype.element_ty), mask=mq)
+    part = bh * splits + split
+    tl.store(PS + part * D * DV + offs_d[:, None] * DV + offs_e[None, :], acc_s, mask=md[:, None] & me[None, :])
+    tl.store(PZ + part * D + offs_d, acc_z, mask=md)
+
+
+@triton.autotune(configs=_configs(), key=_KEY)
+@triton.jit
+def _dkv_kernel(K, V, DS, DZ, DK, DV_, N, H,
+                skb, skh, skn, skd, svb, svh, svn, svd, sgb, sgh, sgn, sgd, swb, swh, swn, swd,
+                D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    blk, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    md, me, rows = offs_d < D, offs_e < DV, offs_n < N
+    ds = tl.load(DS + bh * D * DV + offs_d[:, None] * DV + offs_e[None, :], mask=md[:, None] & me[None, :], other=0.0)
+    mk, mv = rows[:, None] & md[None, :], rows[:, None] & me[None, :]
+    k = _tile(K + b * skb + h * skh, skn, skd, offs_n, offs_d, mk).to(tl.float32)
+    if NEED_DV:
+        fk = tl.where(mk, _phi(k, FEATURE), 0.0)
+        dv = tl.dot(fk, ds, input_precision=PREC)
+        tl.store(DV_ + b * swb + h * swh + offs_n[:, None] * swn + offs_e[None, :] * swd,
+                 dv.to(DV_.dtype.element_ty), mask=mv)
+    if NEED_DK:
+        dz = tl.load(DZ + bh * D + offs_d, mask=md, other=0.0)
+        v = _tile(V + b * svb + h * svh, svn, svd, offs_n, offs_e, mv).to(tl.float32)
+        dk = (tl.dot(v, tl.trans(ds), input_precision=PREC) + dz[None, :]) * _dphi(k, FEATURE)
+        tl.store(DK + b * sgb + h * sgh + offs_n[:, None] * sgn + offs_d[None, :] * sgd,
+                 dk.to(DK.dtype.element_ty), mask=mk)
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _split(bh: int, n: int, device: torch.device):
+    """(splits, tokens per split) for the token reductions: enough programs to fill the device."""
+    if device.type == "cuda":
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:  # interpreter: a few splits, so that the partial reduction is exercised
+        target = 4 * bh
+    per_split = triton.cdiv(n, max(1, min(triton.cdiv(n, 64), triton.cdiv(target, bh))))
+    return triton.cdiv(n, per_split), per_split
+
+
+def _partials(bh: int, splits: int, d: int, dv: int, device):
+    return (torch.empty(bh, splits, d, dv, device=device, dtype=torch.float32),
+            torch.empty(bh, splits, d, device=device, dtype=torch.float32))
+
+
+def _meta(q, v, feature_map: str):
+    d, dv = q.shape[-1], v.shape[-1]
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 operands either way
+    return dict(D=d, DV=dv, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv), FEATURE=TRITON_FEATURE_MAPS[feature_map],
+                PREC=prec)
+
+
+def _forward(q, k, v, feature_map: str, eps: float):
+    B, H, N, d = q.shape
+    meta = _meta(q, v, feature_map)
+    splits, per_split = _split(B * H, k.shape[2], q.device)
+    ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
+    _state_kernel[(B * H, splits)](k, v, ps, pz, k.shape[2], H, per_split, *k.stride(), *v.stride(), **meta)
+    S, z = ps.sum(1), pz.sum(1)  # fixed-order sum of the partials: deterministic
+    out = torch.empty(B, H, N, v.shape[-1], device=q.device, dtype=v.dtype)
+    grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), B * H)
+    _output_kernel[grid](q, S, z, out, N, H, eps, *q.stride(), *out.stride(), **meta)
+    return out, S, z
+
+
+def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
+    B, H, N, d = q.shape
+    meta = _meta(q, v, feature_map)
+    dq = torch.empty_like(q)
+    splits, per_split = _split(B * H, N, q.device)
+    ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
+    _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, H, per_split, eps, *q.stride(), *dout.stride(),
+                                *dq.stride(), NEED_DQ=needs[0], **meta)
+    dS, dz = ps.sum(1), pz.sum(1)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    if needs[1] or needs[2]:
+        grid = lambda m: (triton.cdiv(k.shape[2], m["BLOCK_N"]), B * H)
+        _dkv_kernel[grid](k, v, dS, dz, dk, dv, k.shape[2], H, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
+                          NEED_DK=needs[1], NEED_DV=needs[2], **meta)
+    return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None)
+
+
+class _TritonLinearAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, feature_map: str, eps: float):
+        out, S, z = _forward(q, k, v, feature_map, eps)
+        ctx.save_for_backward(q, k, v, S, z)
+        ctx.feature_map, ctx.eps = feature_map, eps
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, S, z = ctx.saved_tensors
+        grads = _backward(dout, q, k, v, S, z, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3])
+        return (*grads, None, None)
+
+
+def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
+                            eps: float = 1e-6) -> torch.Tensor:
+    """Kernel attention on (B, H, N, D) CUDA tensors (or CPU ones under TRITON_INTERPRET=1)."""
+    return _TritonLinearAttentionFn.apply(q, k, v, feature_map, eps)
