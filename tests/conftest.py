@@ -1,0 +1,41 @@
+"""Shared helpers for the training-pipeline tests: compose configs/ with overrides, fast settings."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+# A one-block, 32-wide ViT on 16x16 random images: every step takes milliseconds.
+FAST_DATA = ["data=synthetic", "data.img_size=16", "data.num_train=64", "data.num_val=32", "data.batch_size=16"]
+FAST_VIT = ["++model.kwargs.depth=1", "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"]
+QUIET = ["callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
+         "+trainer.enable_model_summary=false", "trainer.accelerator=cpu"]
+
+
+def compose_config(output_dir: Path, overrides: Sequence[str] = (), name: str = "train") -> DictConfig:
+    """configs/<name>.yaml composed with ``overrides``, writing into ``output_dir``."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(name, overrides=[*overrides, f"paths.output_dir={output_dir}"])
+
+
+@pytest.fixture
+def fast_overrides():
+    return [*FAST_DATA, *FAST_VIT, *QUIET, "~logger"]
+
+
+class CrashAtStep(L.Callback):
+    """Raise after optimizer step ``step``: a run that dies mid-epoch (used through +callbacks.crash)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError(f"simulated crash after step {self.step}")

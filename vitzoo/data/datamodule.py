@@ -1,0 +1,106 @@
+"""The shared LightningDataModule: splits of (HWC uint8 image, label) -> albumentations -> loaders."""
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+import cv2
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .transforms import build_eval_transform, build_train_transform, seed_worker
+
+__all__ = ["ImageDataset", "ImageDataModule", "read_rgb"]
+
+Images = Union[np.ndarray, Sequence[str]]
+
+
+def read_rgb(path: Union[str, os.PathLike]) -> np.ndarray:
+    """An image file as an HWC uint8 RGB array (grey images get three equal channels)."""
+    image = cv2.imread(os.fspath(path), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError(f"cannot read image {os.fspath(path)!r}; remove it or convert it to PNG/JPEG")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+class ImageDataset(Dataset):
+    """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths."""
+
+    def __init__(self, images: Images, labels: Sequence[int], transform):
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.labels, self.transform = images, np.asarray(labels, dtype=np.int64), transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if not isinstance(image, np.ndarray):
+            image = read_rgb(image)
+        return self.transform(image=image)["image"], int(self.labels[index])
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Base class: a subclass sets ``num_classes`` and implements :meth:`load_split`.
+
+    ``batch_size`` is per device (per process under DDP). ``aug`` holds the keyword arguments
+    of :func:`~vitzoo.data.transforms.build_train_transform` (policy, crop_padding, hflip,
+    gauss_noise, gauss_noise_p). ``test_dataloader`` serves the val split.
+    """
+
+    num_classes: int
+    in_chans: int = 3
+
+    def __init__(self, img_size: int, batch_size: int = 128, num_workers: int = 0,
+                 mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                 aug: Optional[Mapping[str, Any]] = None, eval_batch_size: Optional[int] = None,
+                 pin_memory: bool = False):
+        super().__init__()
+        self.img_size, self.batch_size, self.num_workers = int(img_size), int(batch_size), int(num_workers)
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        self.aug = dict(aug or {})
+        self.pin_memory = pin_memory
+        self.train_dataset: Optional[ImageDataset] = None
+        self.val_dataset: Optional[ImageDataset] = None
+
+    def load_split(self, split: str) -> Tuple[Images, Sequence[int]]:
+        """(images, labels) of ``split``: 'train' or 'val'."""
+        raise NotImplementedError
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if stage in (None, "fit") and self.train_dataset is None:
+            train_tf = build_train_transform(self.img_size, self.mean, self.std, **self.aug)
+            self.train_dataset = ImageDataset(*self.load_split("train"), train_tf)
+            if len(self.train_dataset) < self.batch_size:
+                raise ValueError(f"data.batch_size={self.batch_size} is larger than the training set "
+                                 f"({len(self.train_dataset)} images); lower data.batch_size")
+        if self.val_dataset is None:
+            eval_tf = build_eval_transform(self.img_size, self.mean, self.std)
+            self.val_dataset = ImageDataset(*self.load_split("val"), eval_tf)
+
+    def _loader(self, dataset: Optional[ImageDataset], train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("call setup() before asking for a dataloader")
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        if train and self.num_workers == 0:
+            # No workers to seed: draw the augmentation seed from the (seeded) torch RNG here.
+            dataset.transform.set_random_seed(int(torch.randint(2**31, ()).item()) + rank)
+        return DataLoader(
+            dataset, batch_size=self.batch_size if train else self.eval_batch_size, shuffle=train, drop_last=train,
+            num_workers=self.num_workers, pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
+            worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_dataset, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, train=False)
