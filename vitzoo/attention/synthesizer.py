@@ -1,0 +1,437 @@
+"""Synthesizer attention (Tay et al., seed 003): out = softmax(B + noise) V, B made without q.k.
+
+Each kind of logit generator is one small module returning (B|1, H, Nq, Nk) logits for a token
+``Layout`` (prefix tokens, then an h x w patch grid); the registered mechanisms compose them:
+``synth_dense``, ``synth_random``, ``synth_factorized_dense``, ``synth_factorized_random`` and
+``synth_mix`` (B = sum_i alpha_i B_i, alpha on the simplex, parts may include vanilla softmax).
+
+Resolution. B is tied to the layout it was built for. At another token count (``interpolate:
+true``) every token axis of B that indexes positions is resampled as a 2-D grid: prefix entries
+are kept, grid entries are bilinear (align_corners=False), so prefix<->prefix logits stay,
+prefix->grid and grid->prefix logits are resampled along the grid axis. Dense forms predict one
+row per query, so only their key axis is resampled. Bilinear resampling is linear, so it is
+applied to the factors (R1, R2, the dense weights) rather than to B when that is cheaper: the
+result is the same matrix. No temperature term is added: softmax ignores a constant shift such as
+log(n/n0), and a logit bump keeps covering the same image area, so rows keep their spatial
+sharpness; the prefix keys' share of attention shrinks by about g0/g (g grid keys instead of g0),
+which is left as is. In exchange, a state dict saved at another grid (resampled on load by a
+pre-hook, using the persistent ``layout`` buffer (prefix, h, w) of each generator) gives exactly
+the function the saved model computes at this grid with ``interpolate: true``.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import functional as AF
+from .base import ZooAttention
+from .registry import register_attention
+from .softmax import check_scale, logit_scale
+
+__all__ = [
+    "Layout", "resample_tokens", "DenseLogits", "FactorizedDenseLogits", "RandomLogits", "FactorizedRandomLogits",
+    "DotProductLogits", "MixLogits", "SynthesizerAttention", "SynthDenseAttention", "SynthRandomAttention",
+    "SynthFactorizedDenseAttention", "SynthFactorizedRandomAttention", "SynthMixAttention", "MIX_PARTS",
+]
+
+MIX_PARTS = ("dense", "random", "factorized_dense", "factorized_random", "softmax")
+
+
+class Layout(NamedTuple):
+    """Token layout: ``prefix`` tokens (class / register) followed by an ``h x w`` patch grid."""
+
+    prefix: int
+    h: int
+    w: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prefix + self.h * self.w
+
+    def __str__(self) -> str:
+        return f"{self.prefix} prefix + {self.h}x{self.w} grid"
+
+
+def resample_tokens(t: torch.Tensor, dim: int, src: Layout, dst: Layout) -> torch.Tensor:
+    """Resample token axis ``dim`` of ``t`` from ``src`` to ``dst``: prefix kept, grid bilinear."""
+    if src == dst:
+        return t
+    if src.prefix != dst.prefix:
+        raise ValueError(f"cannot resample {src.prefix} prefix tokens to {dst.prefix}; "
+                         f"the prefix token count must match")
+    t = t.movedim(dim, -1)
+    lead = t.shape[:-1]
+    grid = t[..., src.prefix:].reshape(1, -1, src.h, src.w)
+    grid = F.interpolate(grid, size=(dst.h, dst.w), mode="bilinear", align_corners=False)
+    return torch.cat([t[..., :src.prefix], grid.reshape(*lead, dst.h * dst.w)], dim=-1).movedim(-1, dim)
+
+
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in at least fp32 (logits and their sums are accumulated there)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+# -- logit generators ------------------------------------------------------------------------
+class GridLogits(nn.Module):
+    """A logit generator tied to the layout it was built for.
+
+    ``forward(x, q, k, layout)`` returns the logits at ``layout``. The built layout lives in the
+    persistent buffer ``layout``; a state dict saved at another one is resampled on load.
+    """
+
+    def __init__(self, layout: Layout, device=None):
+        super().__init__()
+        self.built = layout
+        self.register_buffer("layout", torch.tensor(layout, dtype=torch.long, device=device))
+        self.register_load_state_dict_pre_hook(_resample_on_load)
+
+    def resample_state(self, state: dict, prefix: str, src: Layout) -> None:
+        """Resample this generator's entries of ``state`` from layout ``src`` to ``self.built``."""
+        raise NotImplementedError
+
+    def _resample_entry(self, state: dict, key: str, src: Layout, dims: Sequence[int], heads: Optional[int] = None):
+        """Resample the token axes ``dims`` of ``state[key]`` (dim 0 split as (heads, -1) if given)."""
+        if key not in state:
+            return
+        t = state[key]
+        out = _acc(t) if heads is None else _acc(t).unflatten(0, (heads, -1))
+        for d in dims:
+            out = resample_tokens(out, d, src, self.built)
+        state[key] = (out if heads is None else out.flatten(0, 1)).to(t.dtype)
+
+    def extra_repr(self) -> str:
+        return f"layout={self.built}"
+
+
+def _resample_on_load(module: GridLogits, state_dict, prefix, *args) -> None:
+    key = prefix + "layout"
+    if key not in state_dict:
+        return
+    src = Layout(*(int(v) for v in state_dict[key].tolist()))
+    if src == module.built:
+        return
+    if src.prefix != module.built.prefix:
+        raise ValueError(f"{prefix or 'module'}: state dict has {src.prefix} prefix tokens, this model "
+                         f"{module.built.prefix}; build the model with the same class/register tokens")
+    module.resample_state(state_dict, prefix, src)
+    state_dict[key] = module.layout.clone()
+
+
+class DenseLogits(GridLogits):
+    """Dense: B = relu(x W1 + b1) W2 + b2, each token's own row of logits over the built keys.
+
+    W2 maps ``hidden`` (default: dim) to H * ``width`` (default: the built token count).
+    """
+
+    def __init__(self, dim: int, num_heads: int, layout: Layout, hidden: Optional[int] = None,
+                 width: Optional[int] = None, device=None, dtype=None):
+        super().__init__(layout, device)
+        hidden = hidden or dim
+        if hidden < 1:
+            raise ValueError(f"hidden must be a positive width, got {hidden}")
+        self.num_heads = num_heads
+        self.fc1 = nn.Linear(dim, hidden, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden, num_heads * (width or layout.tokens), device=device, dtype=dtype)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, H, N, width): what W2 predicts for every token."""
+        return _acc(self.fc2(F.relu(self.fc1(x)))).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+
+    def key_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Predicted rows -> logits over the built keys."""
+        return rows
+
+    def forward(self, x, q, k, layout: Layout) -> torch.Tensor:
+        return resample_tokens(self.key_logits(self.rows(x)), -1, self.built, layout)
+
+    def resample_state(self, state, prefix, src):
+        for key in ("fc2.weight", "fc2.bias"):
+            self._resample_entry(state, prefix + key, src, dims=(1,), heads=self.num_heads)
+
+
+class FactorizedDenseLogits(DenseLogits):
+    """Factorized dense: rows B1 (n x a), B2 (n x b), a*b = grid tokens, combined element-wise.
+
+    The paper tiles B1 and B2 to length a*b and multiplies them; tiling both the same way gives
+    only lcm(a, b) distinct products (8 for a = b = 8), so -- the seed's "one should be
+    transposed" -- B1 repeats each entry b times and B2 is tiled a times:
+    B[i, r*b + c] = B1[i, r] * B2[i, c], the outer product over an a x b key grid. The default
+    factors are the patch grid (h, w), a row-by-column logit. Prefix keys cannot sit on that grid:
+    they get their own dense logits (W2 predicts prefix + a + b values per head).
+    """
+
+    def __init__(self, dim: int, num_heads: int, layout: Layout, hidden: Optional[int] = None,
+                 factors: Optional[Sequence[int]] = None, device=None, dtype=None):
+        pair = _check_factors(factors, layout)
+        super().__init__(dim, num_heads, layout, hidden, layout.prefix + sum(pair), device, dtype)
+        self.factors = pair
+
+    def key_logits(self, rows):
+        pre, b1, b2 = rows.split([self.built.prefix, *self.factors], dim=-1)
+        return torch.cat([pre, (b1.unsqueeze(-1) * b2.unsqueeze(-2)).flatten(-2)], dim=-1)
+
+    def resample_state(self, state, prefix, src):
+        if self.factors != (self.built.h, self.built.w):
+            raise ValueError(f"synth_factorized_dense with factors={list(self.factors)} cannot be resampled from "
+                             f"grid {src.h}x{src.w}; build it with the default factors (the patch grid's h, w)")
+        for key in ("fc2.weight", "fc2.bias"):
+            if prefix + key not in state:
+                continue
+            t = state[prefix + key]
+            pre, b1, b2 = _acc(t).unflatten(0, (self.num_heads, -1)).split([src.prefix, src.h, src.w], dim=1)
+            b1 = resample_tokens(b1, 1, Layout(0, 1, src.h), Layout(0, 1, self.built.h))
+            b2 = resample_tokens(b2, 1, Layout(0, 1, src.w), Layout(0, 1, self.built.w))
+            state[prefix + key] = torch.cat([pre, b1, b2], dim=1).flatten(0, 1).to(t.dtype)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", factors={self.factors}"
+
+
+class RandomLogits(GridLogits):
+    """Random: B = R, one (n x n) table per head, trainable or fixed at its N(0, 1) init.
+
+    Fixed R is a persistent buffer: no gradient, no optimizer state, but saved with the model.
+    """
+
+    def __init__(self, num_heads: int, layout: Layout, trainable: bool = True, device=None, dtype=None):
+        super().__init__(layout, device)
+        weight = torch.randn(num_heads, layout.tokens, layout.tokens, device=device, dtype=dtype)
+        if trainable:
+            self.weight = nn.Parameter(weight)
+        else:
+            self.register_buffer("weight", weight)
+        self.trainable = trainable
+
+    def forward(self, x, q, k, layout: Layout) -> torch.Tensor:
+        w = resample_tokens(_acc(self.weight), 1, self.built, layout)
+        return resample_tokens(w, 2, self.built, layout).unsqueeze(0)
+
+    def resample_state(self, state, prefix, src):
+        self._resample_entry(state, prefix + "weight", src, dims=(1, 2))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", trainable={self.trainable}"
+
+
+class FactorizedRandomLogits(GridLogits):
+    """Factorized random: B = R1 R2^T, R1, R2 of shape (H, n, rank); entries of B start at unit variance."""
+
+    def __init__(self, num_heads: int, layout: Layout, rank: int = 8, device=None, dtype=None):
+        super().__init__(layout, device)
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        std = rank ** -0.25
+        self.r1 = nn.Parameter(torch.randn(num_heads, layout.tokens, rank, device=device, dtype=dtype) * std)
+        self.r2 = nn.Parameter(torch.randn(num_heads, layout.tokens, rank, device=device, dtype=dtype) * std)
+
+    def forward(self, x, q, k, layout: Layout) -> torch.Tensor:
+        r1 = resample_tokens(_acc(self.r1), 1, self.built, layout)
+        r2 = resample_tokens(_acc(self.r2), 1, self.built, layout)
+        return (r1 @ r2.transpose(-2, -1)).unsqueeze(0)
+
+    def resample_state(self, state, prefix, src):
+        for key in ("r1", "r2"):
+            self._resample_entry(state, prefix + key, src, dims=(1,))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", rank={self.r1.shape[-1]}"
+
+
+class DotProductLogits(nn.Module):
+    """The vanilla part of a mixture: q k^T * scale (``sqrt_d`` or the log-n scale)."""
+
+    def __init__(self, head_dim: int, scale: str = "sqrt_d", train_tokens: Optional[int] = None):
+        super().__init__()
+        check_scale(scale, train_tokens)
+        self.head_dim, self.scale, self.train_tokens = head_dim, scale, train_tokens
+
+    def forward(self, x, q, k, layout) -> torch.Tensor:
+        s = logit_scale(self.scale, self.head_dim, k.shape[-2], self.train_tokens)
+        return (_acc(q) * s) @ _acc(k).transpose(-2, -1)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"
+
+
+class MixLogits(nn.Module):
+    """B = sum_i alpha_i B_i with alpha = softmax(weight): learnable weights on the simplex (start uniform)."""
+
+    def __init__(self, parts: dict, device=None):
+        super().__init__()
+        self.parts = nn.ModuleDict(parts)
+        self.weight = nn.Parameter(torch.zeros(len(parts), device=device))
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return _acc(self.weight).softmax(dim=0)
+
+    def forward(self, x, q, k, layout) -> torch.Tensor:
+        return sum(a * part(x, q, k, layout) for a, part in zip(self.alpha, self.parts.values()))
+
+
+# -- mechanisms -------------------------------------------------------------------------------
+class SynthesizerAttention(ZooAttention):
+    """softmax(B + noise) V with the logits B from ``self.synth`` (set by the subclass).
+
+    ``interpolate``: at a token count other than the built one, resample B as a 2-D grid (True)
+    or raise a ValueError (False). Needs the layout it is built for (``num_tokens`` /
+    ``grid_size``, supplied by the vitzoo backbones).
+    """
+
+    projections = ("v",)
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, interpolate: bool = True, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.interpolate = interpolate
+        self.built_layout = _built_layout(self.num_tokens, self.num_prefix_tokens, self.grid_size, type(self).__name__)
+
+    def target_layout(self, num_tokens: int) -> Layout:
+        """The layout of an input of ``num_tokens`` tokens (the built one when nothing changed)."""
+        built = self.built_layout
+        if num_tokens == built.tokens:
+            grid = self.token_grid
+            if not self.interpolate or grid is None or grid[0] * grid[1] != built.h * built.w:
+                return built
+            return Layout(built.prefix, *grid)
+        if not self.interpolate:
+            raise ValueError(f"{type(self).__name__} was built for {built.tokens} tokens ({built}) but got "
+                             f"{num_tokens}; set interpolate: true to resample its logits to the new grid")
+        return Layout(built.prefix, *self.current_grid(num_tokens))
+
+    def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
+        """Noiseless logits B (+ mask) for the current input: (B|1, H, N, N), fp32 or wider."""
+        out = self.synth(x, q, k, self.target_layout(x.shape[1]))
+        if attn_mask is not None:
+            out = out + AF.additive_mask(attn_mask, out)
+        if is_causal:
+            keep = torch.ones(out.shape[-2:], dtype=torch.bool, device=out.device).tril()
+            out = out.masked_fill(~keep, float("-inf"))
+        return out
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        logits = self.logits(x, q, k, attn_mask, is_causal)
+        if logit_noise > 0:
+            logits = logits + torch.randn(v.shape[:2] + logits.shape[-2:], device=v.device,
+                                          dtype=logits.dtype) * logit_noise
+        attn = self.attn_drop(logits.softmax(dim=-1).expand(v.shape[0], -1, -1, -1))
+        return (attn @ _acc(v)).to(v.dtype)
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        logits = self.logits(x, q, k, attn_mask, is_causal)[:, :, query_index]
+        return logits.softmax(dim=-1).expand(x.shape[0], -1, -1, -1)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", layout={self.built_layout}, interpolate={self.interpolate}"
+
+
+@register_attention("synth_dense")
+class SynthDenseAttention(SynthesizerAttention):
+    """Dense Synthesizer: B = relu(x W1 + b1) W2 + b2 (``hidden`` width of W1, default dim)."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, hidden: Optional[int] = None, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.synth = DenseLogits(dim, self.num_heads, self.built_layout, hidden, **_dd(kwargs))
+
+
+@register_attention("synth_random")
+class SynthRandomAttention(SynthesizerAttention):
+    """Random Synthesizer: B = R per head, ``trainable`` or fixed at its random init."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, trainable: bool = True, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.synth = RandomLogits(self.num_heads, self.built_layout, trainable, **_dd(kwargs))
+
+
+@register_attention("synth_factorized_dense")
+class SynthFactorizedDenseAttention(SynthesizerAttention):
+    """Factorized dense Synthesizer: B[i, (r, c)] = B1[i, r] B2[i, c], ``factors`` (a, b) default the grid (h, w)."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, hidden: Optional[int] = None,
+                 factors: Optional[Sequence[int]] = None, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.synth = FactorizedDenseLogits(dim, self.num_heads, self.built_layout, hidden, factors, **_dd(kwargs))
+
+
+@register_attention("synth_factorized_random")
+class SynthFactorizedRandomAttention(SynthesizerAttention):
+    """Factorized random Synthesizer: B = R1 R2^T of rank ``rank``."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, rank: int = 8, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.synth = FactorizedRandomLogits(self.num_heads, self.built_layout, rank, **_dd(kwargs))
+
+
+@register_attention("synth_mix")
+class SynthMixAttention(SynthesizerAttention):
+    """Mixture: B = sum_i alpha_i B_i over ``parts`` (see ``MIX_PARTS``), alpha learnable on the simplex.
+
+    ``softmax`` is the vanilla q k^T * scale (``scale: sqrt_d | log_n``); q and k are projected
+    only when it is a part. The other options go to the parts that use them.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, parts: Sequence[str] = ("random", "softmax"),
+                 scale: str = "sqrt_d", train_tokens: Optional[int] = None, hidden: Optional[int] = None,
+                 factors: Optional[Sequence[int]] = None, rank: int = 8, trainable: bool = True, **kwargs):
+        parts = _check_parts(parts)
+        self.projections = ("q", "k", "v") if "softmax" in parts else ("v",)  # read by ZooAttention.__init__
+        super().__init__(dim, num_heads, *args, **kwargs)
+        dd, heads, layout = _dd(kwargs), self.num_heads, self.built_layout
+        train_tokens = train_tokens or layout.tokens
+        check_scale(scale, train_tokens)
+        build = {
+            "dense": lambda: DenseLogits(dim, heads, layout, hidden, **dd),
+            "random": lambda: RandomLogits(heads, layout, trainable, **dd),
+            "factorized_dense": lambda: FactorizedDenseLogits(dim, heads, layout, hidden, factors, **dd),
+            "factorized_random": lambda: FactorizedRandomLogits(heads, layout, rank, **dd),
+            "softmax": lambda: DotProductLogits(self.head_dim, scale, train_tokens),
+        }
+        self.synth = MixLogits({p: build[p]() for p in parts}, device=dd["device"])
+
+
+def _dd(kwargs: dict) -> dict:
+    return {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+
+
+def _built_layout(num_tokens: Optional[int], prefix: int, grid_size: Optional[Tuple[int, int]], name: str) -> Layout:
+    if grid_size is None:
+        if num_tokens is None:
+            raise ValueError(f"{name} needs the token count it is built for: build it inside a vitzoo model "
+                             f"(vitzoo.create_model) or pass num_tokens=<tokens incl. prefix> / grid_size=(h, w)")
+        n = num_tokens - prefix
+        side = math.isqrt(max(n, 0))
+        grid_size = (side, side) if side * side == n else (1, n)
+    layout = Layout(prefix, *(int(g) for g in grid_size))
+    if layout.h < 1 or layout.w < 1:
+        raise ValueError(f"{name} needs at least one grid token, got {layout}; pass num_tokens > num_prefix_tokens")
+    if num_tokens is not None and num_tokens != layout.tokens:
+        raise ValueError(f"num_tokens={num_tokens} does not match {layout} ({layout.tokens} tokens); "
+                         f"pass a consistent num_tokens / grid_size")
+    return layout
+
+
+def _check_factors(factors: Optional[Sequence[int]], layout: Layout) -> Tuple[int, int]:
+    if factors is None:
+        return layout.h, layout.w
+    grid = layout.h * layout.w
+    pair = tuple(int(f) for f in factors)
+    if len(pair) != 2 or min(pair) < 1 or pair[0] * pair[1] != grid:
+        raise ValueError(f"factors={list(factors)} must be two positive integers whose product is the {grid} grid "
+                         f"tokens ({layout.h}x{layout.w}; prefix tokens get their own logits), e.g. "
+                         f"factors: [{layout.h}, {layout.w}]")
+    return pair
+
+
+def _check_parts(parts: Sequence[str]) -> list:
+    if isinstance(parts, str) or not parts:
+        raise ValueError(f"synth_mix parts must be a non-empty list drawn from {list(MIX_PARTS)}, got {parts!r}")
+    parts = [str(p) for p in parts]
+    unknown = [p for p in parts if p not in MIX_PARTS]
+    if unknown:
+        raise ValueError(f"unknown synth_mix part(s) {unknown}; choose from {list(MIX_PARTS)}")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"synth_mix parts {parts} repeat a part; list each at most once")
+    return parts
