@@ -22,6 +22,8 @@ from torch.autograd.function import once_differentiable
 
 from vitzoo.attention.feature_maps import FEATURE_MAPS
 
+from ._threads import single_threaded_pool
+
 __all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 
 _CHUNK_ELEMENTS = 1 << 18  # fp32 elements per (batch*heads, chunk, features) buffer: 1 MiB
@@ -108,25 +110,50 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         slot.copy_(torch.bmm(a, b))
 
 
+def _sweep(step, n: int, chunk: int) -> Optional[torch.Tensor]:
+    """Sum of ``step(s, e)`` over the chunks of range(n) (steps may also write outputs).
+
+    With several chunks and intra-op threads, contiguous groups of chunks run concurrently on
+    single-threaded workers (one OpenMP barrier per op and thread costs more than the op here,
+    badly so on a shared CPU); partial sums are added in a fixed order, so results are
+    deterministic for a given thread count.
+    """
+    spans = list(_spans(n, chunk))
+    workers = min(len(spans), torch.get_num_threads())
+    if workers <= 1:
+        return _total(step(s, e) for s, e in spans)
+    size = -(-len(spans) // workers)
+    groups = [spans[i:i + size] for i in range(0, len(spans), size)]
+    return _total(single_threaded_pool(len(groups)).map(lambda g: _total(step(s, e) for s, e in g), groups))
+
+
+def _total(parts):
+    out = None
+    for p in parts:
+        out = p if out is None else out.add_(p)
+    return out
+
+
 def _state(k, v, fm: FeatureMap, chunk: int):
     """S' = [S | z] (BH, F, Dv + 1): S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j), in fp32."""
-    bh, dv = k.shape[0] * k.shape[1], v.shape[-1]
-    state = k.new_zeros(bh, k.shape[-1] + fm.extra, dv + 1, dtype=_acc(k))
-    S, z = state[..., :dv], state[..., dv]
-    for s, e in _spans(k.shape[2], chunk):
+    def step(s, e):
         fk, _ = fm.phi(_rows(k, s, e))
-        S.baddbmm_(fk.mT, _rows(v, s, e))
-        z.add_(fk.sum(1))
-    return state
+        vc = _rows(v, s, e)
+        return torch.cat([torch.bmm(fk.mT, vc), fk.sum(1).unsqueeze(-1)], dim=-1)
+
+    return _sweep(step, k.shape[2], chunk)
 
 
 def _forward(q, k, v, fm: FeatureMap, eps: float, chunk: int):
     state = _state(k, v, fm, chunk)
     out, dv = v.new_empty(q.shape[:3] + v.shape[3:]), v.shape[-1]
-    for s, e in _spans(q.shape[2], chunk):
+
+    def step(s, e):
         fq, _ = fm.phi(_rows(q, s, e))
         numden = torch.bmm(fq, state)  # [phi(q) S | phi(q).z]
         torch.div(numden[..., :dv], numden[..., dv:].add_(eps), out=_slot(out, s, e))
+
+    _sweep(step, q.shape[2], chunk)
     return out, state
 
 
@@ -135,8 +162,8 @@ def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, need
     dv_ = v.shape[-1]
     S, z = state[..., :dv_], state[..., dv_].unsqueeze(1)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
-    dstate = torch.zeros_like(state)  # [dS | dz]
-    for s, e in _spans(q.shape[2], chunk):
+
+    def q_step(s, e):  # dq for tokens s:e and their share of [dS | dz]
         fq, aux = fm.phi(_rows(q, s, e))
         den = torch.linalg.vecdot(fq, z).unsqueeze(-1).add_(eps)
         gw = fq.new_empty(fq.shape[:2] + (dv_ + 1,))  # [g | -w]
@@ -144,19 +171,25 @@ def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, need
         a = torch.bmm(g, S.mT)
         w = torch.linalg.vecdot(fq, a).unsqueeze(-1).div_(den)
         torch.neg(w, out=gw[..., dv_:])
-        dstate.baddbmm_(fq.mT, gw)
+        dstate = torch.bmm(fq.mT, gw)
         if need_q:
             fm.grad(a.addcmul_(w, z, value=-1.0), fq, aux, out=_slot(dq, s, e))
+        return dstate
+
+    dstate = _sweep(q_step, q.shape[2], chunk)
     dS, dz = dstate[..., :dv_], dstate[..., dv_].unsqueeze(1)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_v else None
+
+    def kv_step(s, e):
+        fk, aux = fm.phi(_rows(k, s, e))
+        if need_v:
+            _bmm_into(_slot(dv, s, e), fk, dS)
+        if need_k:
+            fm.grad(torch.baddbmm(dz, _rows(v, s, e), dS.mT), fk, aux, out=_slot(dk, s, e))
+
     if need_k or need_v:
-        for s, e in _spans(k.shape[2], chunk):
-            fk, aux = fm.phi(_rows(k, s, e))
-            if need_v:
-                _bmm_into(_slot(dv, s, e), fk, dS)
-            if need_k:
-                fm.grad(torch.baddbmm(dz, _rows(v, s, e), dS.mT), fk, aux, out=_slot(dk, s, e))
+        _sweep(kv_step, k.shape[2], chunk)
     return dq, dk, dv
 
 

@@ -1,0 +1,341 @@
+"""Attention cost vs tokens, measured side by side in one run: time, peak memory, fraction of the floor.
+
+    python benchmarks/attention.py                       # CPU, n = 256 .. 65536, B=1 H=3 D=64
+    python benchmarks/attention.py --max-n 4096 --reps 3 --no-memory
+    python benchmarks/attention.py --device cuda --dtype bf16 --batch 64 --heads 1   # the GPU target
+    python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8 inference
+
+Mechanisms: softmax (SDPA), linear eager (the plain formula), linear fused (torch path; and the
+Triton kernels on CUDA) and efficient attention. Times are medians over interleaved repetitions;
+ratios are against the fused linear path of this run. Peak memory is the peak above the inputs:
+on CUDA ``max_memory_allocated``; on CPU the resident-set high-water mark (``VmHWM``), measured in
+a fresh subprocess per mechanism, after one warm-up call of the same case, ``malloc_trim`` and a
+reset of the mark (``/proc/self/clear_refs``), so it sees every allocation (tracemalloc would
+miss torch's). The floor: CPU, the minimal matmul FLOPs over the measured sgemm rate; CUDA, the
+bytes each path must move (read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy
+bandwidth. Results: a table on stdout, ``attention_<device>.csv`` and ``.png`` under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vitzoo.attention import functional as AF
+
+MODES = ("fwd", "fwd+bwd")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MECHANISMS = {
+    "softmax": lambda q, k, v: AF.softmax_attention(q, k, v),
+    "linear_eager": lambda q, k, v: AF.linear_attention(q, k, v, impl="eager"),
+    "linear_torch": lambda q, k, v: AF.linear_attention(q, k, v, impl="torch"),
+    "linear_triton": lambda q, k, v: AF.linear_attention(q, k, v, impl="triton"),
+    "efficient": lambda q, k, v: AF.efficient_attention(q, k, v),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=3)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--min-n", type=int, default=256)
+    p.add_argument("--max-n", type=int, default=65536)
+    p.add_argument("--softmax-max-n", type=int, default=None,
+                   help="skip softmax above this n (default: 16384 on CPU, where 64k takes minutes)")
+    p.add_argument("--mechanisms", default=None, help="comma list from " + ",".join(MECHANISMS))
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per case (after one warm-up)")
+    p.add_argument("--case-seconds", type=float, default=30.0, help="fewer reps for cases slower than this")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the CSV and PNG")
+    p.add_argument("--e2e", action="store_true", help="also time ViT-Tiny 1024x1024/8 inference, linear vs softmax")
+    p.add_argument("--e2e-reps", type=int, default=2)
+    p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but torch.cuda.is_available() is False; run on a GPU machine or use --device cpu")
+    args.dtype = DTYPES[args.dtype or ("bf16" if args.device.type == "cuda" else "fp32")]
+    if args.softmax_max_n is None:
+        args.softmax_max_n = 16384 if args.device.type == "cpu" else args.max_n
+    names = args.mechanisms.split(",") if args.mechanisms else [
+        m for m in MECHANISMS if m != "linear_triton" or args.device.type == "cuda"]
+    unknown = set(names) - set(MECHANISMS)
+    if unknown:
+        p.error(f"unknown mechanisms {sorted(unknown)}; choose from {list(MECHANISMS)}")
+    args.mechanisms = names
+    args.sizes = [n for n in (2 ** e for e in range(4, 21)) if args.min_n <= n <= args.max_n]
+    return args
+
+
+def fused_name(device: torch.device) -> str:
+    return "linear_triton" if device.type == "cuda" else "linear_torch"
+
+
+def runs(name: str, n: int, args) -> bool:
+    return name != "softmax" or n <= args.softmax_max_n
+
+
+def make_inputs(n: int, args, requires_grad: bool):
+    g = torch.Generator(device=args.device).manual_seed(n)
+    shape = (args.batch, args.heads, n, args.head_dim)
+    qkv = [torch.randn(shape, generator=g, device=args.device, dtype=args.dtype).requires_grad_(requires_grad)
+           for _ in range(3)]
+    return qkv, torch.randn(shape, generator=g, device=args.device, dtype=args.dtype)
+
+
+def call(name: str, mode: str, qkv, dout):
+    """One forward (inference mode) or forward + backward of ``name``; returns what it produced."""
+    fn = MECHANISMS[name]
+    if mode == "fwd":
+        with torch.no_grad():
+            return fn(*qkv)
+    return torch.autograd.grad(fn(*qkv), qkv, dout)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device) -> float:
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t
+
+
+def time_all(args):
+    """{(name, n, mode): median seconds}; mechanisms interleaved within each repetition."""
+    results = {}
+    for n in args.sizes:
+        qkv, dout = make_inputs(n, args, requires_grad=True)
+        for mode in MODES:
+            names = [m for m in args.mechanisms if runs(m, n, args)]
+            first = {m: timed(lambda: call(m, mode, qkv, dout), args.device) for m in names}  # warm-up
+            samples = {m: [] for m in names}
+            for rep in range(args.reps):
+                for m in names:
+                    if rep * first[m] < args.case_seconds:
+                        samples[m].append(timed(lambda: call(m, mode, qkv, dout), args.device))
+            for m in names:
+                results[(m, n, mode)] = statistics.median(samples[m] or [first[m]])
+            print(f"  n={n:6d} {mode:8s} " + "  ".join(f"{m} {results[(m, n, mode)] * 1e3:.2f}ms" for m in names),
+                  file=sys.stderr, flush=True)
+    return results
+
+
+# ----------------------------------------------------------------------------------------- memory
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _cpu_peak(fn) -> int:
+    """Bytes of resident memory above the level before ``fn()``, at ``fn``'s peak."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current VmRSS
+    base = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - base) * 1024
+
+
+def _cuda_peak(fn, device) -> int:
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def memory_worker(args) -> None:
+    """Child process: peak memory of one mechanism for every n and mode, printed as JSON."""
+    name, out = args.memory_worker, {}
+    for n in args.sizes:
+        if not runs(name, n, args):
+            continue
+        qkv, dout = make_inputs(n, args, requires_grad=True)
+        for mode in MODES:
+            call(name, mode, qkv, dout)  # warm-up: lazy initialisation is not the mechanism's cost
+            case = lambda: call(name, mode, qkv, dout)  # noqa: E731  (result dropped inside the window)
+            peak = _cuda_peak(case, args.device) if args.device.type == "cuda" else _cpu_peak(case)
+            out[f"{n},{mode}"] = peak
+    print(json.dumps(out))
+
+
+def memory_all(args, argv):
+    """{(name, n, mode): peak bytes}, one fresh subprocess per mechanism."""
+    results = {}
+    for name in args.mechanisms:
+        proc = subprocess.run([sys.executable, __file__, *argv, "--memory-worker", name],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"memory pass for {name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            continue
+        for key, peak in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+            n, mode = key.split(",")
+            results[(name, int(n), mode)] = peak
+    return results
+
+
+# ------------------------------------------------------------------------------------------ floor
+def matmul_rate(device, dtype) -> float:
+    """Measured FLOP/s of a large square matmul (the CPU floor's denominator)."""
+    a = torch.randn(2048, 2048, device=device, dtype=dtype)
+    a @ a
+    t = min(timed(lambda: a @ a, device) for _ in range(5))
+    return 2 * 2048 ** 3 / t
+
+
+def copy_bandwidth(device) -> float:
+    """Measured bytes/s of a 1 GiB device-to-device copy (read + write; the GPU floor's denominator)."""
+    src = torch.empty(1 << 28, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = min(timed(lambda: dst.copy_(src), device) for _ in range(10))
+    return 2 * src.numel() * 4 / t
+
+
+def floor_seconds(name: str, n: int, mode: str, args, rate: float) -> float:
+    """CPU: minimal matmul FLOPs / rate. CUDA: minimal bytes moved / copy bandwidth."""
+    bh, d = args.batch * args.heads, args.head_dim
+    bwd = mode == "fwd+bwd"
+    if args.device.type == "cuda":
+        tensors = 4 + (7 if bwd else 0)  # q, k, v, out (+ dout, q, k, v, dq, dk, dv)
+        return tensors * bh * n * d * args.dtype.itemsize / rate
+    # fwd = 2 matmuls, bwd = 4 more: (n x n x d) for softmax, (n x d x d) for the linear forms
+    flops = 2 * bh * (2 + (4 if bwd else 0)) * n * d * (n if name == "softmax" else d)
+    return flops / rate
+
+
+# ----------------------------------------------------------------------------------------- report
+def report(args, times, memory, rate) -> None:
+    fused = fused_name(args.device)
+    names = args.mechanisms
+    hw = (torch.cuda.get_device_name(args.device) if args.device.type == "cuda"
+          else f"CPU, {torch.get_num_threads()} threads")
+    unit = "TFLOP/s sgemm" if args.device.type == "cpu" else "TB/s copy"
+    print(f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]}; "
+          f"floor rate {rate / 1e12:.3f} {unit}")
+    for mode in MODES:
+        print(f"\n## {mode}: median ms (x = time / {fused})")
+        print("| n | " + " | ".join(names) + " | " + " | ".join(f"{m}/{fused}" for m in names if m != fused) + " |")
+        print("|---" * (len(names) * 2) + "|")
+        for n in args.sizes:
+            t = [times.get((m, n, mode)) for m in names]
+            ref = times.get((fused, n, mode))
+            cells = [f"{x * 1e3:.2f}" if x else "-" for x in t]
+            ratios = [f"{times[(m, n, mode)] / ref:.2f}x" if (m, n, mode) in times and ref else "-"
+                      for m in names if m != fused]
+            print(f"| {n} | " + " | ".join(cells + ratios) + " |")
+    if memory:
+        print("\n## peak memory above the inputs, MB (fwd / fwd+bwd)")
+        print("| n | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
+        for n in args.sizes:
+            cells = [" / ".join(f"{memory[(m, n, mode)] / 2**20:.1f}" if (m, n, mode) in memory else "-"
+                                for mode in MODES) for m in names]
+            print(f"| {n} | " + " | ".join(cells) + " |")
+    print(f"\n## fraction of the floor, fwd+bwd ({'FLOPs / sgemm rate' if args.device.type == 'cpu' else 'bytes / copy bandwidth'})")
+    print("| n | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
+    for n in args.sizes:
+        cells = [f"{floor_seconds(m, n, 'fwd+bwd', args, rate) / times[(m, n, 'fwd+bwd')]:.2f}"
+                 if (m, n, "fwd+bwd") in times else "-" for m in names]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+def write_files(args, times, memory, rate) -> Path:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"attention_{args.device.type}"
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "dtype", "batch", "heads", "head_dim", "mechanism", "n", "mode", "ms", "peak_mb",
+                    "floor_ms", "floor_fraction"])
+        for (m, n, mode), t in sorted(times.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+            floor = floor_seconds(m, n, mode, args, rate)
+            peak = memory.get((m, n, mode))
+            w.writerow([args.device.type, str(args.dtype)[6:], args.batch, args.heads, args.head_dim, m, n, mode,
+                        f"{t * 1e3:.4f}", "" if peak is None else f"{peak / 2**20:.2f}", f"{floor * 1e3:.4f}",
+                        f"{floor / t:.4f}"])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("fwd", "forward, ms"), ("fwd+bwd", "forward + backward, ms")] + (
+        [("mem", "peak memory fwd+bwd, MB")] if memory else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (what, label) in zip(axes, panels):
+        for m in args.mechanisms:
+            src = memory if what == "mem" else times
+            key_mode = "fwd+bwd" if what == "mem" else what
+            pts = [(n, src[(m, n, key_mode)]) for n in args.sizes if (m, n, key_mode) in src]
+            if pts:
+                scale = 2 ** -20 if what == "mem" else 1e3
+                ax.plot([p[0] for p in pts], [max(p[1] * scale, 1e-3) for p in pts], marker="o", label=m)
+        ax.set(xscale="log", yscale="log", xlabel="tokens n", title=label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"{args.device.type}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]}")
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    return stem
+
+
+def e2e(args) -> None:
+    """ViT-Tiny at 1024x1024, patch 8 (16,384 tokens): inference time, linear vs softmax, interleaved."""
+    import vitzoo
+
+    if not hasattr(vitzoo, "create_model"):
+        print("\n--e2e: vitzoo.create_model is not available yet; skipped")
+        return
+    models = {att: vitzoo.create_model("vit_tiny", attention=att, img_size=1024, patch_size=8).eval().to(args.device)
+              for att in ("linear", "softmax")}
+    x = torch.randn(1, 3, 1024, 1024, device=args.device)
+    samples = {att: [] for att in models}
+    with torch.inference_mode():
+        for rep in range(args.e2e_reps + 1):  # the first round is the warm-up
+            for att, model in models.items():
+                t = timed(lambda: model(x), args.device)
+                if rep:
+                    samples[att].append(t)
+    lin, soft = (statistics.median(samples[a]) for a in ("linear", "softmax"))
+    print(f"\n## end to end: ViT-Tiny 1024x1024 patch 8 (16,384 tokens), batch 1 inference, {args.device.type}")
+    print(f"| vit_linear ms | vit_softmax ms | softmax / linear |\n|---|---|---|\n"
+          f"| {lin * 1e3:.0f} | {soft * 1e3:.0f} | {soft / lin:.1f}x |")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.memory_worker:
+        return memory_worker(args)
+    torch.manual_seed(0)
+    rate = matmul_rate(args.device, torch.float32) if args.device.type == "cpu" else copy_bandwidth(args.device)
+    times = time_all(args)
+    memory = {} if args.no_memory else memory_all(args, argv)
+    report(args, times, memory, rate)
+    stem = write_files(args, times, memory, rate)
+    print(f"\nwrote {stem}.csv and {stem}.png")
+    if args.e2e:
+        e2e(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""A pool of worker threads whose torch ops run single-threaded (intra-op threads = 1)."""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+__all__ = ["single_threaded_pool"]
+
+_lock = threading.Lock()
+_pools: dict = {}
+
+
+class _Pool:
+    """``map(fn, items)`` on the workers, under ``torch.no_grad()`` (grad mode is per thread)."""
+
+    def __init__(self, size: int):
+        self.executor = ThreadPoolExecutor(size, thread_name_prefix="vitzoo-kernels")
+        barrier, threads = threading.Barrier(size), torch.get_num_threads()
+
+        def init(_):
+            torch.set_num_threads(1)  # this thread's OpenMP / MKL threads ...
+            torch.get_num_threads()  # ... fixed now (torch reads the process default lazily, once per thread)
+            barrier.wait()  # every worker is a distinct thread, initialised before the default comes back
+
+        list(self.executor.map(init, range(size)))
+        torch.set_num_threads(threads)  # the process default for threads started later
+
+    def map(self, fn, items):
+        def run(item):
+            with torch.no_grad():
+                return fn(item)
+
+        return list(self.executor.map(run, items))
+
+
+def single_threaded_pool(size: int) -> _Pool:
+    """The process's pool of ``size`` workers (a new one after fork: threads do not survive it)."""
+    key = (os.getpid(), size)
+    with _lock:
+        if key not in _pools:
+            _pools[key] = _Pool(size)
+        return _pools[key]
