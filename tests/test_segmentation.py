@@ -1,0 +1,118 @@
+"""vitzoo.segmentation: shapes data, folder data module, and an export fine-tuned until it segments."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+from PIL import Image
+from torchmetrics.classification import MulticlassJaccardIndex
+
+import vitzoo
+from conftest import compose_config
+from vitzoo.export import export_model
+from vitzoo.segmentation import (SHAPE_CLASSES, SegmentationDataModule, SegmentationFolder, SegmentationModule,
+                                 SegmentationNet, create_backbone, make_shapes_dataset)
+
+FAST = dict(trainer=dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False))
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    model = vitzoo.create_model("vit_cifar", attention="linear", depth=2, embed_dim=64, num_heads=2, img_size=32)
+    return export_model(model, tmp_path_factory.mktemp("export"), head=False)
+
+
+def test_shapes_masks_mark_the_drawn_shapes(tmp_path):
+    root = make_shapes_dataset(tmp_path, num_images=6, size=(40, 70), seed=1)
+    sizes = set()
+    for image_path in sorted((root / "images").iterdir()):
+        image = np.asarray(Image.open(image_path)).astype(float)
+        mask = np.asarray(Image.open(root / "masks" / image_path.name))
+        assert mask.shape == image.shape[:2] and set(np.unique(mask)) <= set(range(len(SHAPE_CLASSES)))
+        sizes.add(mask.shape)
+        for cls, channel in ((1, 0), (2, 1), (3, 2)):  # rectangles red, ellipses green, triangles blue
+            if (mask == cls).sum() > 20:
+                pixels = image[mask == cls]
+                assert pixels[:, channel].mean() > pixels[:, [c for c in range(3) if c != channel]].mean() + 60
+    assert len(sizes) > 1  # images of any size
+
+
+def test_folder_yields_fixed_size_unit_images_and_long_masks(tmp_path):
+    root = make_shapes_dataset(tmp_path, num_images=10, seed=2)
+    dm = SegmentationDataModule(root, num_classes=4, img_size=32, batch_size=4, val_fraction=0.3)
+    dm.setup()
+    assert (len(dm.train_dataset), len(dm.val_dataset)) == (7, 3)
+    images, masks = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32 and 0 <= images.min() <= images.max() <= 1
+    assert masks.shape == (4, 32, 32) and masks.dtype == torch.long and int(masks.max()) < 4
+
+
+def test_folder_bad_input_names_the_fix(tmp_path):
+    root = make_shapes_dataset(tmp_path / "data", num_images=2)
+    w, h = Image.open(root / "images" / "00000.png").size
+    Image.fromarray(np.full((h, w), 9, np.uint8)).save(root / "masks" / "00000.png")
+    with pytest.raises(ValueError, match=r"class values \[9\] outside 0..3; set num_classes"):
+        SegmentationFolder(root, num_classes=4)[0]
+    Image.fromarray(np.zeros((h + 1, w), np.uint8)).save(root / "masks" / "00000.png")
+    with pytest.raises(ValueError, match="must match their image's size"):
+        SegmentationFolder(root, num_classes=4)[0]
+    Image.new("RGB", (w, h)).save(root / "masks" / "00000.png")
+    with pytest.raises(ValueError, match="single-channel PNGs"):
+        SegmentationFolder(root, num_classes=4)[0]
+    (root / "masks" / "00001.png").unlink()
+    with pytest.raises(FileNotFoundError, match="1 images have no mask.*00001.png"):
+        SegmentationFolder(root, num_classes=4)
+    with pytest.raises(FileNotFoundError, match="images/ and masks/"):
+        SegmentationFolder(tmp_path / "nowhere", num_classes=4)
+
+
+def test_backbone_choice_errors_name_the_fix(export_dir):
+    with pytest.raises(ValueError, match="drop the attention option"):
+        create_backbone(str(export_dir), attention="softmax")
+    with pytest.raises(ValueError, match="neither an export directory nor an architecture"):
+        create_backbone("vit_huge")
+    net = SegmentationNet(create_backbone(f"local-dir:{export_dir}"), num_classes=3)
+    with pytest.raises(ValueError, match="not divisible by the backbone stride 4.*data.img_size"):
+        net(torch.rand(1, 3, 30, 32))
+    pyramid = SegmentationNet(create_backbone("nonlocal_resnet18", "linear", out_indices=(1, 2, 3, 4)), 3)
+    assert pyramid.stride == 32 and pyramid(torch.rand(1, 3, 64, 64)).shape == (1, 3, 64, 64)
+
+
+def _miou(module: SegmentationModule, loader) -> float:
+    metric = MulticlassJaccardIndex(4)
+    was_training = module.training
+    module.eval()
+    with torch.no_grad():
+        for images, masks in loader:
+            metric.update(module(images), masks)
+    module.train(was_training)
+    return float(metric.compute())
+
+
+def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
+    """configs/segment_shapes.yaml on the export: mIoU from ~chance to well above it in 8 CPU epochs."""
+    torch.manual_seed(0)
+    cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'shapes'}", "data.num_images=80", "data.img_size=32",
+                                    f"module.backbone={export_dir}", "module.backbone_lr_ratio=1.0",
+                                    "module.warmup_epochs=0.5"], name="segment_shapes")
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    dm.setup()
+    module = instantiate(cfg.module)
+    before = _miou(module, dm.val_dataloader())
+    trainer = L.Trainer(max_epochs=8, **FAST["trainer"])
+    trainer.fit(module, datamodule=dm)
+    after = _miou(module, dm.val_dataloader())
+    assert before < 0.3 and after > 0.55, (before, after)
+    assert abs(float(trainer.callback_metrics["val/miou"]) - after) < 1e-5
+    assert float(trainer.callback_metrics["val/pixel_acc"]) > 0.85
+    # the module's checkpoint is plain data: it reloads with weights_only=True
+    trainer.save_checkpoint(tmp_path / "seg.ckpt")
+    reloaded = SegmentationModule.load_from_checkpoint(tmp_path / "seg.ckpt", weights_only=True)
+    assert abs(_miou(reloaded, dm.val_dataloader()) - after) < 1e-6

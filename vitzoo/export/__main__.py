@@ -1,0 +1,30 @@
+"""``python -m vitzoo.export CKPT OUT [--no-head]``: a training checkpoint -> a timm hub export dir."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .checkpoint import export_checkpoint
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vitzoo.export",
+        description="Export a Lightning checkpoint as model.safetensors + config.json (timm hub layout). "
+                    "Load it with `import vitzoo; timm.create_model('local-dir:OUT', pretrained=True)`.")
+    parser.add_argument("ckpt", help="training checkpoint (.ckpt) written by train.py")
+    parser.add_argument("out", help="export directory to write (created if missing)")
+    parser.add_argument("--no-head", dest="head", action="store_false",
+                        help="drop the classifier head (num_classes=0): a backbone for dense prediction")
+    args = parser.parse_args(argv)
+    try:
+        out = export_checkpoint(args.ckpt, args.out, head=args.head)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.ckpt} -> {out} (timm.create_model('local-dir:{out}', pretrained=True))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Segmentation network: a ``features_only`` backbone (an export, or a zoo architecture) + ``MLPDecoder``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import vitzoo
+from vitzoo.attention import AttentionSpec
+from vitzoo.export import load_exported
+
+from .decoder import MLPDecoder
+
+__all__ = ["SegmentationNet", "create_backbone"]
+
+_LOCAL = "local-dir:"
+
+
+def create_backbone(backbone: str, attention: Optional[AttentionSpec] = None,
+                    out_indices: Optional[Sequence[int]] = None,
+                    model_kwargs: Optional[Mapping[str, Any]] = None) -> nn.Module:
+    """A ``features_only`` backbone: an export dir (path or ``local-dir:<path>``, its weights loaded,
+    its attention fixed) or a name from ``vitzoo.list_models()`` (random init, ``attention`` applies)."""
+    kwargs = dict(model_kwargs or {}, features_only=True)
+    if out_indices is not None:
+        kwargs["out_indices"] = tuple(out_indices)
+    path = backbone[len(_LOCAL):] if backbone.startswith(_LOCAL) else backbone
+    if Path(path).is_dir():
+        if attention is not None:
+            raise ValueError(f"backbone {backbone!r} is an export whose attention is fixed by its config.json; "
+                             f"drop the attention option")
+        return load_exported(path, **kwargs)
+    if backbone in vitzoo.list_models():
+        return vitzoo.create_model(backbone, attention=attention or "softmax", **kwargs)
+    raise ValueError(f"backbone {backbone!r} is neither an export directory nor an architecture; pass the "
+                     f"directory written by `python -m vitzoo.export` or one of {vitzoo.list_models()}")
+
+
+class SegmentationNet(nn.Module):
+    """images in [0, 1] (B, C, H, W) -> class logits (B, num_classes, H, W).
+
+    Normalises with the backbone's ``pretrained_cfg`` mean/std, so data pipelines stay in [0, 1].
+    H and W must be multiples of the backbone's largest feature stride (the patch size for a ViT).
+    """
+
+    def __init__(self, backbone: nn.Module, num_classes: int, channels: int = 128, dropout: float = 0.1):
+        super().__init__()
+        self.backbone = backbone
+        self.stride = max(backbone.feature_info.reduction())
+        self.decoder = MLPDecoder(backbone.feature_info.channels(), num_classes, channels, dropout)
+        cfg = backbone.pretrained_cfg
+        self.register_buffer("mean", torch.tensor(cfg["mean"]).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg["std"]).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        H, W = images.shape[-2:]
+        if H % self.stride or W % self.stride:
+            raise ValueError(f"input {H}x{W} is not divisible by the backbone stride {self.stride}; "
+                             f"resize or crop to a multiple of {self.stride} (data.img_size)")
+        logits = self.decoder(self.backbone((images - self.mean) / self.std))
+        return F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
