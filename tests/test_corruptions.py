@@ -98,7 +98,7 @@ def test_range_shape_dtype_and_input_untouched(name, dtype):
     x[0, 0, :4] = 0.0  # saturated pixels are kept in range too
     x[0, 1, :4] = 1.0
     before = x.clone()
-    for severity in range(6):
+    for severity in (0, 1, 5):  # clean, the mildest and the strongest
         y = corrupt(x, name, severity, generator=gen(0))
         assert y.shape == x.shape and y.dtype == dtype and y.device == x.device
         assert y.min() >= 0 and y.max() <= 1
