@@ -115,6 +115,16 @@ def test_chunking_and_layout_do_not_change_the_result():
             torch.testing.assert_close(dqkv[:, :, i].transpose(1, 2), g, rtol=1e-4, atol=1e-6)
 
 
+def test_inference_mode_and_autocast():
+    """Chunks run on worker threads: they must honour inference mode; autocast must not lower the sums."""
+    q, k, v = make_qkv(2, 3, 100, 32, requires_grad=False)
+    base = fused_linear_attention(q, k, v, impl="torch", chunk=16)
+    with torch.inference_mode():
+        torch.testing.assert_close(fused_linear_attention(q, k, v, impl="torch", chunk=16), base)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(fused_linear_attention(q, k, v, impl="torch", chunk=16), base)
+
+
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True)])
 def test_partial_requires_grad(wanted):
     q, k, v = make_qkv(1, 2, 40, 16, requires_grad=False)

@@ -14,7 +14,8 @@ _pools: dict = {}
 
 
 class _Pool:
-    """``map(fn, items)`` on the workers, under ``torch.no_grad()`` (grad mode is per thread)."""
+    """``map(fn, items)`` on the workers, without autograd recording (grad and inference mode are
+    per thread: the workers take the caller's inference mode and no_grad)."""
 
     def __init__(self, size: int):
         self.executor = ThreadPoolExecutor(size, thread_name_prefix="vitzoo-kernels")
@@ -29,8 +30,10 @@ class _Pool:
         torch.set_num_threads(threads)  # the process default for threads started later
 
     def map(self, fn, items):
+        inference = torch.is_inference_mode_enabled()
+
         def run(item):
-            with torch.no_grad():
+            with torch.inference_mode() if inference else torch.no_grad():
                 return fn(item)
 
         return list(self.executor.map(run, items))
