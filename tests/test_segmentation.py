@@ -17,8 +17,8 @@ from vitzoo.export import export_model
 from vitzoo.segmentation import (SHAPE_CLASSES, SegmentationDataModule, SegmentationFolder, SegmentationModule,
                                  SegmentationNet, create_backbone, make_shapes_dataset)
 
-FAST = dict(trainer=dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False))
+QUIET_TRAINER = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def _miou(module: SegmentationModule, loader) -> float:
 
 
 def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
-    """configs/segment_shapes.yaml on the export: mIoU from ~chance to well above it in 8 CPU epochs."""
+    """configs/segment_shapes.yaml on the export: mIoU from ~chance to well above it in 10 CPU epochs."""
     torch.manual_seed(0)
     cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'shapes'}", "data.num_images=80", "data.img_size=32",
                                     f"module.backbone={export_dir}", "module.backbone_lr_ratio=1.0",
@@ -106,10 +106,10 @@ def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
     dm.setup()
     module = instantiate(cfg.module)
     before = _miou(module, dm.val_dataloader())
-    trainer = L.Trainer(max_epochs=8, **FAST["trainer"])
+    trainer = L.Trainer(max_epochs=10, **QUIET_TRAINER)
     trainer.fit(module, datamodule=dm)
     after = _miou(module, dm.val_dataloader())
-    assert before < 0.3 and after > 0.55, (before, after)
+    assert after > 0.6 and after > before + 0.4, (before, after)  # all-background scores ~0.2
     assert abs(float(trainer.callback_metrics["val/miou"]) - after) < 1e-5
     assert float(trainer.callback_metrics["val/pixel_acc"]) > 0.85
     # the module's checkpoint is plain data: it reloads with weights_only=True
