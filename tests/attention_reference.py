@@ -1,0 +1,120 @@
+"""Float64 references written straight from ATTENTION.md, independent of vitzoo's code.
+
+Tensors are (B, H, N, D) like ``vitzoo.attention.functional``. Every function returns
+``(out, A)``: the output and the (implied) attention matrix whose rows mix the values.
+"""
+import math
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """These tests use tiny tensors: one intra-op thread avoids oversubscription on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def kernels_ready() -> bool:
+    """Whether the fused linear-attention paths (``vitzoo.kernels``) can be imported."""
+    try:
+        from vitzoo.kernels import fused_linear_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def softmax_ref(q, k, v, scale=None, mask=None, noise=None):
+    """softmax(q k^T * scale + mask + noise) v; a bool mask keeps True, a float mask is added."""
+    q, k, v = q.double(), k.double(), v.double()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        logits = logits + (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.double())
+    if noise is not None:
+        logits = logits + noise.double()
+    e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    a = e / e.sum(dim=-1, keepdim=True)
+    return a @ v, a
+
+
+def elu_plus_one(x):
+    return torch.where(x > 0, x + 1.0, torch.exp(x))
+
+
+def relu(x):
+    return torch.clamp(x, min=0.0)
+
+
+def kernel_sim(q, k, feature_map):
+    """sim(q_i, k_j) >= 0: phi(q).phi(k) for elu/relu, 1 + cos(q, k) for taylor."""
+    q, k = q.double(), k.double()
+    if feature_map == "taylor":
+        qn = q / q.norm(dim=-1, keepdim=True)
+        kn = k / k.norm(dim=-1, keepdim=True)
+        return 1.0 + qn @ kn.transpose(-2, -1)
+    phi = {"elu": elu_plus_one, "relu": relu}[feature_map]
+    return phi(q) @ phi(k).transpose(-2, -1)
+
+
+def kernel_ref(q, k, v, feature_map="elu", eps=1e-6, causal=False, key_noise=None):
+    """out_i = sum_j sim_ij v_j / (sum_j sim_ij + eps); key noise is the factor exp(eps_j) on key j."""
+    sim = kernel_sim(q, k, feature_map)
+    if key_noise is not None:  # (B, H, Nk, 1) -> a factor on column j
+        sim = sim * torch.exp(key_noise.double()).transpose(-2, -1)
+    if causal:
+        sim = sim * torch.ones(sim.shape[-2:], dtype=sim.dtype).tril()
+    a = sim / (sim.sum(dim=-1, keepdim=True) + eps)
+    return a @ v.double(), a
+
+
+def efficient_ref(q, k, v, key_noise=None):
+    """softmax over the D channels of each query, softmax over the N tokens of each key channel."""
+    q, k, v = q.double(), k.double(), v.double()
+    if key_noise is not None:
+        k = k + key_noise.double()
+    eq = torch.exp(q - q.amax(dim=-1, keepdim=True))
+    qs = eq / eq.sum(dim=-1, keepdim=True)
+    ek = torch.exp(k - k.amax(dim=-2, keepdim=True))
+    ks = ek / ek.sum(dim=-2, keepdim=True)
+    return qs @ (ks.transpose(-2, -1) @ v), qs @ ks.transpose(-2, -1)
+
+
+def entropy(p):
+    """H = -sum p log p over the last dim (0 log 0 = 0)."""
+    p = p.double()
+    return -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(dim=-1)
+
+
+@torch.no_grad()
+def module_qkv(attn, x):
+    """q, k, v (B, H, N, D) of a ``ZooAttention`` from its parameters and the documented layout.
+
+    split: one map to [q | k | v], each H*D channels cut into H heads of D.
+    projected: one map to [q | k | v] of C channels each, then head m of output o is
+    ``q W^{o,m}`` with ``W^{o,m} = head_weight[o][:, m*D:(m+1)*D]``.
+    """
+    B, N, C = x.shape
+    H, D = attn.num_heads, attn.head_dim
+    lin = attn.in_proj.proj
+    y = x.double() @ lin.weight.double().T
+    if lin.bias is not None:
+        y = y + lin.bias.double()
+    outputs = len(attn.projections)
+    if attn.heads == "split":
+        y = y.reshape(B, N, outputs, H, D)
+    else:
+        y = torch.einsum("bnoc,ocf->bnof", y.reshape(B, N, outputs, C), attn.in_proj.head_weight.double())
+        y = y.reshape(B, N, outputs, H, D)
+    return tuple(y[:, :, i].permute(0, 2, 1, 3) for i in range(outputs))
+
+
+@torch.no_grad()
+def module_out(attn, heads_out):
+    """The output projection applied to per-head outputs (B, H, N, D) -> (B, N, C)."""
+    B, H, N, D = heads_out.shape
+    y = heads_out.permute(0, 2, 1, 3).reshape(B, N, H * D)
+    return y @ attn.proj.weight.double().T + attn.proj.bias.double()
