@@ -104,7 +104,7 @@ def test_features_at_twice_the_training_resolution(attention, tmp_path):
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         want = model.forward_intermediates(x, indices=[0, 1, 2, 3], intermediates_only=True)
-        features = load_exported(tmp_path, features_only=True).eval()(x)
+        features = timm.create_model(f"local-dir:{tmp_path}", pretrained=True, features_only=True).eval()(x)
         inter = load_exported(tmp_path).eval().forward_intermediates(x, indices=4, intermediates_only=True)
     assert [tuple(f.shape) for f in features] == [(2, 32, 16, 16)] * 4
     for got in (features, inter):
