@@ -1,0 +1,113 @@
+"""Training throughput: the zoo's ViT (``vit_softmax`` preset) vs timm's own ViT of the same shape.
+
+Both models take the same training step (forward, cross-entropy, backward, AdamW step) on the
+same random batch; timings alternate between the two (A B A B ...) so machine noise hits both
+alike. Prints a table of img/s and the ratio zoo / timm (1.00 = no overhead).
+
+    python benchmarks/train_throughput.py                       # vit_cifar shape, CPU, batch 64
+    python benchmarks/train_throughput.py --device cuda --precision bf16 --batch-size 256
+    python benchmarks/train_throughput.py --arch vit_small --img-size 224 --csv out.csv
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import VisionTransformer
+
+import vitzoo
+from vitzoo.models.vit import VIT_ARCHS
+
+
+def build(arch: str, img_size: int, num_classes: int):
+    shape = {k: v for k, v in VIT_ARCHS[arch].items() if k not in ("img_size", "num_classes")}
+    zoo = vitzoo.create_model(arch, attention="softmax", img_size=img_size, num_classes=num_classes)
+    ref = VisionTransformer(img_size=img_size, num_classes=num_classes, dynamic_img_size=True, **shape)
+    n_zoo, n_ref = (sum(p.numel() for p in m.parameters()) for m in (zoo, ref))
+    if n_zoo != n_ref:
+        raise SystemExit(f"shapes differ: zoo has {n_zoo} parameters, timm {n_ref}")
+    return {"vitzoo vit_softmax": zoo, "timm VisionTransformer": ref}, shape
+
+
+def make_step(model, device, precision):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def step(x, y):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return step
+
+
+def timed(step, x, y, steps, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step(x, y)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps * len(x) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="vit_cifar", choices=sorted(VIT_ARCHS))
+    parser.add_argument("--img-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5, help="training steps per timing")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating timings per model (median reported)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--csv", help="also write the table to this CSV file")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    models, shape = build(args.arch, args.img_size, 10)
+    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
+    y = torch.randint(0, 10, (args.batch_size,), device=device)
+    steps = {}
+    for name, model in models.items():
+        model.to(device).train()
+        if args.compile:
+            model.compile()
+        steps[name] = make_step(model, device, args.precision)
+        for _ in range(args.warmup):
+            steps[name](x, y)
+    rates = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            rates[name].append(timed(step, x, y, args.steps, device))
+
+    ref = statistics.median(rates["timm VisionTransformer"])
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"{args.arch} {shape}, img {args.img_size}, batch {args.batch_size}, {args.precision}, {where}")
+    rows = []
+    for name, values in rates.items():
+        med = statistics.median(values)
+        rows.append({"model": name, "img_per_s": round(med, 1), "min": round(min(values), 1),
+                     "max": round(max(values), 1), "ratio_vs_timm": round(med / ref, 3)})
+    print(f"{'model':<24} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['model']:<24} {r['img_per_s']:>15.1f} {r['min']:>9.1f} {r['max']:>9.1f} {r['ratio_vs_timm']:>7.3f}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""configs/: every preset composes and trains one fast epoch; overrides reach the model; bad input is clear."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+import vitzoo
+from conftest import CONFIGS, FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config
+from vitzoo.attention import ZooAttention
+from vitzoo.training import build_classifier, train
+
+PRESETS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+
+
+def _instantiate_data(cfg):
+    from hydra.utils import instantiate
+    return instantiate(cfg.data)
+
+
+def test_presets_cover_the_issue_list():
+    required = {"vit_softmax", "vit_linear", "vit_efficient", "vit_taylor", "vit_synth_random", "vit_synth_dense",
+                "vit_projected", "vit_noisy", "vit_logn", "nonlocal_resnet_softmax", "nonlocal_resnet_linear"}
+    assert required <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_trains_one_fast_epoch(preset, tmp_path):
+    overrides = [*FAST_DATA, *QUIET, "trainer.max_epochs=1", f"model={preset}"]
+    overrides += FAST_VIT if preset.startswith("vit") else FAST_RESNET
+    cfg = compose_config(tmp_path, overrides)
+    assert cfg.model.attention.name in vitzoo.list_attentions()
+    assert cfg.model.arch in vitzoo.list_models()
+    metrics = train(cfg)
+    assert metrics["global_step"] == 4 and math.isfinite(metrics["train/loss_epoch"])
+    assert 0.0 <= metrics["val/acc1"] <= 1.0 and (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_attention_and_model_overrides_reach_the_network(tmp_path):
+    cfg = compose_config(tmp_path, [*FAST_DATA, "model=vit_softmax", "model.attention.logit_noise=0.3",
+                                    "model.attention.heads=projected", "++model.kwargs.depth=3",
+                                    "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"])
+    module = build_classifier(cfg, _instantiate_data(cfg))
+    layers = [m for m in module.model.modules() if isinstance(m, ZooAttention)]
+    assert len(layers) == 3 and all(m.logit_noise == 0.3 and m.heads == "projected" for m in layers)
+    assert module.hparams.attention == {"name": "softmax", "heads": "projected", "head_dim": None,
+                                        "logit_noise": 0.3}
+    assert module.hparams.img_size == 16 and module.hparams.num_classes == 10
+
+
+def test_default_is_digits_vit_linear_and_trainer_groups_compose(tmp_path):
+    cfg = compose_config(tmp_path)
+    assert cfg.data._target_.endswith("DigitsDataModule") and cfg.model.attention.name == "linear"
+    for trainer in ("cpu", "gpu", "ddp"):
+        assert compose_config(tmp_path, [f"trainer={trainer}"]).trainer._target_ == "lightning.pytorch.Trainer"
+    assert compose_config(tmp_path, ["trainer=ddp"]).trainer.strategy == "ddp"
+    cifar = compose_config(tmp_path, ["experiment=cifar10", "model=vit_softmax"])
+    assert cifar.data._target_.endswith("CIFAR10DataModule") and cifar.module.mixup.cutmix_alpha == 1.0
+    assert cifar.model.attention.name == "softmax" and cifar.trainer.precision == "bf16-mixed"
+
+
+def test_unknown_preset_lists_the_available_ones(tmp_path):
+    with pytest.raises(MissingConfigException, match="Could not find 'model/vit_nope'") as err:
+        compose_config(tmp_path, ["model=vit_nope"])
+    assert "vit_linear" in str(err.value.options)
+
+
+def test_unknown_key_says_how_to_add_it(tmp_path):
+    with pytest.raises(ConfigCompositionException, match=r"To append to your config use \+model.attention.bogus"):
+        compose_config(tmp_path, ["model.attention.bogus=1"])
+
+
+def test_unknown_mechanism_option_names_the_valid_ones(tmp_path):
+    cfg = compose_config(tmp_path, [*FAST_DATA, "model=vit_linear", "+model.attention.temperature=2"])
+    with pytest.raises(ValueError, match="temperature.*valid options"):
+        build_classifier(cfg, _instantiate_data(cfg))
+
+
+def test_missing_data_dir_names_the_fix(tmp_path):
+    cfg = compose_config(tmp_path, ["data=imagefolder", f"data.root={tmp_path / 'missing'}", *QUIET])
+    with pytest.raises(FileNotFoundError, match="data.root=.*train/<class>"):
+        train(cfg)
+
+
+def test_corrupted_resume_checkpoint_names_the_fix(tmp_path):
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="not a readable checkpoint.*point ckpt_path at"):
+        train(compose_config(tmp_path, [f"ckpt_path={bad}", *QUIET]))
+
+
+def test_multirun_sweeps_presets(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", "model=vit_softmax,vit_linear", *FAST_DATA, *FAST_VIT, *QUIET,
+         "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for job in ("0", "1"):
+        metrics = json.loads((tmp_path / job / "metrics.json").read_text())
+        assert metrics["global_step"] == 4
+    assert "linear" in (tmp_path / "1" / ".hydra" / "overrides.yaml").read_text()

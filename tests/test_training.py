@@ -1,0 +1,155 @@
+"""The Lightning module, schedule, checkpoints, resume, evaluation and DDP, driven through configs/."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import FAST_DATA, FAST_VIT, QUIET, ROOT, compose_config
+from vitzoo.data import DigitsDataModule
+from vitzoo.training import (ImageClassifier, build_optimizer, evaluate, evaluate_checkpoint, load_classifier,
+                             read_checkpoint, train, warmup_cosine)
+
+
+def test_warmup_cosine_shape():
+    total, warmup, floor = 100, 10, 0.05
+    f = [warmup_cosine(s, total, warmup, floor) for s in range(total + 1)]
+    assert f[0] == pytest.approx(1 / 11) and f[warmup] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(f[:warmup], f[1:warmup + 1]))          # rises during warmup
+    assert all(a >= b for a, b in zip(f[warmup:], f[warmup + 1:]))           # then only falls
+    assert f[total] == pytest.approx(floor)
+    mid = warmup + (total - warmup) // 2
+    assert f[mid] == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_no_weight_decay_on_biases_norms_and_tokens():
+    module = ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16,
+                             model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    optimizer = build_optimizer(module.model, lr=1e-3, weight_decay=0.05)
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            no_decay = p.ndim <= 1 or names[id(p)] in ("pos_embed", "cls_token")
+            assert group["weight_decay"] == (0.0 if no_decay else 0.05), names[id(p)]
+
+
+def test_unknown_recipe_option_names_the_valid_ones():
+    with pytest.raises(ValueError, match="module.optim has no option.*'lrate'.*valid options"):
+        ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, optim=dict(lrate=1.0))
+
+
+def test_digits_training_learns_and_checkpoint_rebuilds_the_model(tmp_path):
+    """A real (small) run: accuracy rises far above chance; the checkpoint alone rebuilds the net."""
+    tiny = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
+            "++model.kwargs.global_pool=avg", "++model.kwargs.class_token=false", "model.kwargs.drop_path_rate=0"]
+    cfg = compose_config(tmp_path, ["model=vit_softmax", *tiny, "data.batch_size=32", "module.optim.lr=3e-3",
+                                    "trainer.max_epochs=10", *QUIET])
+    metrics = train(cfg)
+    assert metrics["val/acc1"] > 0.6, metrics          # 10 classes: chance is 0.1
+    assert metrics["val/acc5"] >= metrics["val/acc1"]
+    assert metrics["train/loss_epoch"] < 1.6
+    # Checkpoints and TensorBoard files are where the README says.
+    ckpts = tmp_path / "checkpoints"
+    assert (ckpts / "last.ckpt").is_file() and Path(metrics["best_ckpt"]).parent == ckpts
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert json.loads((tmp_path / "metrics.json").read_text())["val/acc1"] == pytest.approx(metrics["val/acc1"])
+    # Per-layer attention entropy was logged each validation epoch, as a fraction of log n.
+    entropy = {k: v for k, v in metrics.items() if k.startswith("entropy/")}
+    assert sorted(entropy) == ["entropy/blocks.0.attn", "entropy/blocks.1.attn"]
+    assert all(0.0 < v <= 1.0 for v in entropy.values())
+
+    checkpoint = read_checkpoint(ckpts / "last.ckpt")  # weights_only=True
+    hp = checkpoint["hyper_parameters"]
+    assert hp["arch"] == "vit_cifar" and hp["attention"]["name"] == "softmax" and hp["num_classes"] == 10
+    assert hp["img_size"] == 16 and hp["model_kwargs"]["depth"] == 2 and len(hp["mean"]) == len(hp["std"]) == 3
+    model, _ = load_classifier(ckpts / "last.ckpt")
+    dm = DigitsDataModule(img_size=hp["img_size"], mean=hp["mean"], std=hp["std"])
+    dm.setup("validate")
+    result = evaluate(model, dm.val_dataloader())
+    assert result["num_images"] == 360
+    assert result["acc1"] == pytest.approx(metrics["val/acc1"], abs=1e-6)  # last.ckpt = last validated weights
+    assert result["loss"] == pytest.approx(metrics["val/loss"], rel=1e-4)
+
+    eval_cfg = compose_config(tmp_path / "eval", [f"ckpt_path={ckpts / 'last.ckpt'}"], name="eval")
+    evaluate_checkpoint(eval_cfg)
+    written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert written["acc1"] == pytest.approx(result["acc1"]) and written["arch"] == "vit_cifar"
+
+
+def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_path, fast_overrides):
+    base = [*fast_overrides, "trainer.max_epochs=2", "data.num_train=128"]  # 8 steps per epoch
+    full = train(compose_config(tmp_path / "full", base))
+    assert full["global_step"] == 16
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(tmp_path / "crash", [*base, "+callbacks.crash._target_=conftest.CrashAtStep",
+                                                  "+callbacks.crash.step=11"]))
+    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"   # written by save_on_exception, mid epoch 2
+    crashed = read_checkpoint(last)
+    assert crashed["global_step"] == 11 and crashed["epoch"] == 1
+    assert crashed["lr_schedulers"][0]["last_epoch"] == 11
+
+    resumed = train(compose_config(tmp_path / "resumed", [*base, f"ckpt_path={last}"]))
+    assert resumed["global_step"] == full["global_step"] and resumed["epoch"] == full["epoch"]
+    final, reference = (read_checkpoint(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("resumed", "full"))
+    steps = [{int(s["step"]) for s in c["optimizer_states"][0]["state"].values()} for c in (final, reference)]
+    assert steps == [{16}, {16}]
+    # The scheduler resumed at step 11 too: it ends at the same step and LR as the uninterrupted run.
+    sched, sched_ref = final["lr_schedulers"][0], reference["lr_schedulers"][0]
+    assert sched["last_epoch"] == sched_ref["last_epoch"] == 16
+    assert sched["_last_lr"] == pytest.approx(sched_ref["_last_lr"], rel=1e-12)
+
+
+def test_mixup_ema_and_bf16_options_train(tmp_path, fast_overrides):
+    cfg = compose_config(tmp_path, [*fast_overrides, "callbacks=ema", "callbacks.rich_progress_bar=null",
+                                    "callbacks.ema.decay=0.5", "module.mixup.mixup_alpha=0.8",
+                                    "module.mixup.cutmix_alpha=1.0", "trainer.precision=bf16-mixed",
+                                    "trainer.max_epochs=1"])
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train/loss_epoch"]) and "train/acc1" not in metrics  # no hard labels under mixup
+    # A checkpoint written during training holds the average as its state_dict, the raw weights beside it.
+    checkpoint = read_checkpoint(metrics["best_ckpt"])
+    averaged, current = checkpoint["state_dict"], checkpoint["current_model_state"]
+    assert averaged.keys() == current.keys()
+    assert any(not torch.equal(averaged[k], current[k]) for k in averaged if k.startswith("model."))
+
+
+def _run(args, cwd, timeout=300):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_ddp_two_cpu_processes_log_world_reduced_metrics(tmp_path):
+    """trainer=ddp with 2 gloo processes: logged val metrics cover both halves of the val set."""
+    run_dir = tmp_path / "ddp"
+    proc = _run(["train.py", "trainer=ddp", "trainer.devices=2", *QUIET, "data.num_workers=0",
+                 *FAST_VIT, "trainer.max_epochs=1", "data.batch_size=32", "callbacks.attention_entropy=null",
+                 f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = json.loads((run_dir / "metrics.json").read_text())
+    model, hp = load_classifier(run_dir / "checkpoints" / "last.ckpt")
+    dm = DigitsDataModule(img_size=hp["img_size"])
+    dm.setup("validate")
+    whole = evaluate(model, dm.val_dataloader())
+    rank0 = torch.utils.data.Subset(dm.val_dataset, range(0, len(dm.val_dataset), 2))  # DistributedSampler's share
+    half = evaluate(model, torch.utils.data.DataLoader(rank0, batch_size=64))
+    assert logged["val/loss"] == pytest.approx(whole["loss"], abs=1e-5)
+    assert logged["val/acc1"] == pytest.approx(whole["acc1"], abs=1e-9)
+    assert abs(half["loss"] - whole["loss"]) > 1e-4  # so the check above can tell one rank from two
+
+
+def test_cli_errors_are_one_line_naming_the_fix(tmp_path):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"this is not a checkpoint")
+    proc = _run(["eval.py", f"ckpt_path={bad}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "point ckpt_path at" in lines[0], proc.stderr

@@ -1,0 +1,18 @@
+"""Train an image classifier: ``python train.py model=vit_linear`` (configs in configs/, see README)."""
+from typing import Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from vitzoo.training import train, user_errors
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> Optional[float]:
+    with user_errors():
+        metrics = train(cfg)
+    return metrics.get(cfg.get("optimized_metric"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""Lightning training: the classifier module, optimiser/schedule, callbacks, evaluation, run helpers."""
+from .callbacks import AttentionEntropy
+from .evaluate import evaluate, load_classifier, read_checkpoint
+from .module import ImageClassifier, build_model
+from .optim import build_optimizer, build_scheduler, warmup_cosine
+from .run import build_classifier, evaluate_checkpoint, train, user_errors
+
+__all__ = [
+    "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
+    "build_optimizer", "build_scheduler", "warmup_cosine", "train", "evaluate_checkpoint", "build_classifier",
+    "user_errors",
+]

@@ -1,0 +1,82 @@
+"""Checkpoint loading (``weights_only=True``) and plain evaluation of a model on a dataloader."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .module import build_model
+
+__all__ = ["read_checkpoint", "load_classifier", "evaluate"]
+
+_REQUIRED = ("arch", "attention", "num_classes", "img_size")
+
+
+def read_checkpoint(path: str) -> Dict[str, Any]:
+    """A Lightning checkpoint as a dict, unpickled with ``weights_only=True`` (no arbitrary code)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ckpt_path={path!r} does not exist; pass a .ckpt written by train.py, "
+                                f"e.g. logs/train/runs/<date>/checkpoints/last.ckpt")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"ckpt_path={path!r} is not a readable checkpoint ({reason}); the file is corrupted or "
+                         f"not a torch checkpoint: point ckpt_path at another .ckpt written by train.py") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"ckpt_path={path!r} holds no 'state_dict'; pass a Lightning .ckpt written by train.py")
+    return checkpoint
+
+
+def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
+    """(network in eval mode, hyperparameters) from a checkpoint written by train.py.
+
+    The hyperparameters hold what the input pipeline needs: ``img_size``, ``mean``, ``std``.
+    """
+    checkpoint = read_checkpoint(path)
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    missing = [k for k in _REQUIRED if k not in hparams]
+    if missing:
+        raise ValueError(f"ckpt_path={os.fspath(path)!r} lacks hyperparameters {missing}; it was not written by "
+                         f"vitzoo's train.py")
+    model = build_model(hparams)
+    prefix = "model."
+    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    model.load_state_dict(state)
+    return model.eval(), hparams
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: Optional[torch.device] = None,
+             preprocess: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy and mean cross-entropy of ``model`` over ``loader``.
+
+    ``preprocess`` maps each image batch (already on ``device``) before the forward pass, e.g.
+    a corruption followed by normalisation when the loader yields [0, 1] images.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct1 = correct5 = 0
+    loss_sum, count = 0.0, 0
+    try:
+        for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
+            if preprocess is not None:
+                images = preprocess(images)
+            logits = model(images).float()
+            top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+            hits = top == labels[:, None]
+            correct1 += int(hits[:, 0].sum())
+            correct5 += int(hits.any(dim=-1).sum())
+            loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
+            count += len(labels)
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("the dataloader yielded no images")
+    return {"acc1": correct1 / count, "acc5": correct5 / count, "loss": loss_sum / count, "num_images": count}

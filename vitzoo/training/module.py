@@ -1,0 +1,121 @@
+"""The LightningModule: a zoo model, AdamW + warmup/cosine, label smoothing, mixup/cutmix, top-1/top-5."""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
+
+import lightning as L
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+import vitzoo
+
+from .optim import build_optimizer, build_scheduler
+
+__all__ = ["ImageClassifier", "build_model", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
+
+OPTIM_DEFAULTS = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup_epochs=1.0, min_lr_ratio=0.01,
+                      layer_decay=None)
+MIXUP_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, prob=1.0, switch_prob=0.5,
+                      mode="batch")
+
+
+def build_model(hparams: Mapping[str, Any]) -> nn.Module:
+    """The network described by a classifier's hyperparameters (also what a checkpoint stores)."""
+    return vitzoo.create_model(hparams["arch"], attention=hparams["attention"], num_classes=hparams["num_classes"],
+                               img_size=hparams["img_size"], in_chans=hparams.get("in_chans", 3),
+                               **(hparams.get("model_kwargs") or {}))
+
+
+def _options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[str, Any]) -> Dict[str, Any]:
+    unknown = sorted(set(given or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"{name} has no option(s) {unknown}; valid options: {sorted(defaults)}")
+    return {**defaults, **(given or {})}
+
+
+def _metrics(num_classes: int) -> MetricCollection:
+    return MetricCollection({
+        "acc1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+        "acc5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+    })
+
+
+class ImageClassifier(L.LightningModule):
+    """Image classification with any ``vitzoo.create_model`` architecture.
+
+    All constructor arguments are plain Python values and are saved as hyperparameters, so a
+    checkpoint alone rebuilds the network (:func:`build_model`) and its input pipeline
+    (``img_size``, ``mean``, ``std``). ``optim`` keys: lr, weight_decay, betas, warmup_epochs,
+    min_lr_ratio, layer_decay. ``mixup`` holds timm ``Mixup`` arguments; it is active when
+    ``mixup_alpha`` or ``cutmix_alpha`` is > 0. ``compile`` wraps the network in
+    ``torch.compile`` (in place, so state-dict keys do not change).
+    """
+
+    def __init__(self, arch: str, attention: Union[str, Mapping[str, Any]], num_classes: int, img_size: int,
+                 in_chans: int = 3, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                 model_kwargs: Optional[Mapping[str, Any]] = None, optim: Optional[Mapping[str, Any]] = None,
+                 label_smoothing: float = 0.0, mixup: Optional[Mapping[str, Any]] = None, compile: bool = False):
+        super().__init__()
+        self.save_hyperparameters(logger=False)  # run.train logs the whole config instead
+        self.optim = _options("module.optim", optim, OPTIM_DEFAULTS)
+        mix = _options("module.mixup", mixup, MIXUP_DEFAULTS)
+        self.model = build_model(self.hparams)
+        self.mixup = None
+        if mix["mixup_alpha"] > 0 or mix["cutmix_alpha"] > 0:
+            self.mixup = Mixup(**mix, label_smoothing=label_smoothing, num_classes=num_classes)
+            self.soft_ce = SoftTargetCrossEntropy()
+        self.train_metrics = _metrics(num_classes).clone(prefix="train/")
+        self.val_metrics = _metrics(num_classes).clone(prefix="val/")
+        self.test_metrics = _metrics(num_classes).clone(prefix="test/")
+        if compile:
+            self.model.compile()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        if self.mixup is not None:
+            images, soft = self.mixup(images, labels)
+            loss = self.soft_ce(self(images), soft)
+        else:
+            logits = self(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+            self.train_metrics.update(logits.detach(), labels)
+            self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
+        return loss
+
+    def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), on_epoch=True, sync_dist=True,
+                 batch_size=len(labels))
+        metrics.update(logits, labels)
+        self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metrics, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        # TensorBoard's HPARAMS tab shows "hp_metric" next to the run's configuration.
+        self.log("hp_metric", self.val_metrics["acc1"].compute())
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metrics, "test")
+
+    def configure_optimizers(self):
+        opt = self.optim
+        optimizer = build_optimizer(self.model, opt["lr"], opt["weight_decay"], opt["betas"], opt["layer_decay"])
+        total = int(self.trainer.estimated_stepping_batches)
+        epochs = self.trainer.max_epochs
+        if not epochs or epochs < 1:
+            raise ValueError("the LR schedule is defined in epochs; set trainer.max_epochs (>= 1)")
+        warmup = round(opt["warmup_epochs"] * total / epochs)
+        scheduler = build_scheduler(optimizer, total, warmup, opt["min_lr_ratio"])
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,119 @@
+"""What train.py / eval.py call: compose objects from a Hydra config, fit or evaluate, write metrics.json."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import lightning as L
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .evaluate import evaluate, load_classifier, read_checkpoint
+from .module import ImageClassifier
+
+__all__ = ["train", "evaluate_checkpoint", "build_classifier", "user_errors"]
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Print a configuration / data error as one line on stderr and exit 1 (traceback with VITZOO_TRACEBACK=1)."""
+    try:
+        yield
+    except USER_ERRORS as err:
+        if os.environ.get("VITZOO_TRACEBACK"):
+            raise
+        sys.exit(f"error: {err}")
+
+
+def _instantiate(node: DictConfig, **kwargs) -> Any:
+    """hydra's instantiate, re-raising a user error from the target's constructor as itself."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, USER_ERRORS):
+            raise err.__cause__ from None
+        raise
+
+
+def _instantiate_all(group: Optional[DictConfig]) -> List[Any]:
+    """Every entry of a config group mapping that has a ``_target_`` (set an entry to null to drop it)."""
+    return [_instantiate(node) for node in (group or {}).values() if node is not None and "_target_" in node]
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
+    """The LightningModule for ``cfg.model`` + ``cfg.module`` with the data's classes, size and statistics."""
+    model = _plain(cfg.model)
+    return ImageClassifier(
+        arch=model["arch"], attention=model["attention"], model_kwargs=model.get("kwargs") or {},
+        num_classes=datamodule.num_classes, img_size=datamodule.img_size, in_chans=datamodule.in_chans,
+        mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
+
+
+def _write_metrics(path: Path, metrics: Dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
+def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def train(cfg: DictConfig) -> Dict[str, Any]:
+    """Fit ``cfg`` (resuming from ``cfg.ckpt_path`` when set); returns the final metrics.
+
+    Writes ``metrics.json`` (last val metrics, best checkpoint) to ``cfg.paths.output_dir``.
+    """
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path:
+        read_checkpoint(ckpt_path)  # a clear error for a missing / corrupted file, before Lightning's
+    datamodule = _instantiate(cfg.data)
+    module = build_classifier(cfg, datamodule)
+    loggers = _instantiate_all(cfg.get("logger"))
+    trainer = _instantiate(cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=loggers or False)
+    for logger in trainer.loggers:
+        logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+
+    metrics: Dict[str, Any] = _floats(trainer.callback_metrics)
+    metrics.update(global_step=trainer.global_step, epoch=trainer.current_epoch)
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None and checkpoint.best_model_path:
+        metrics.update(best_ckpt=checkpoint.best_model_path, best_score=float(checkpoint.best_model_score))
+    if trainer.is_global_zero:
+        _write_metrics(Path(cfg.paths.output_dir) / "metrics.json", metrics)
+    return metrics
+
+
+def evaluate_checkpoint(cfg: DictConfig) -> Dict[str, Any]:
+    """Evaluate ``cfg.ckpt_path`` on the val split of ``cfg.data``; writes ``metrics.json`` to the run dir.
+
+    The data pipeline takes the checkpoint's ``img_size``, ``mean`` and ``std``.
+    """
+    if not cfg.get("ckpt_path"):
+        raise ValueError("no checkpoint given; run eval.py ckpt_path=<run dir>/checkpoints/last.ckpt")
+    model, hparams = load_classifier(cfg.ckpt_path)
+    datamodule = _instantiate(cfg.data, img_size=hparams["img_size"], mean=hparams["mean"], std=hparams["std"])
+    if datamodule.num_classes != hparams["num_classes"]:
+        raise ValueError(f"the checkpoint has {hparams['num_classes']} classes but data has "
+                         f"{datamodule.num_classes}; pass the data=... it was trained on")
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    metrics: Dict[str, Any] = evaluate(model.to(device), datamodule.val_dataloader(), device)
+    metrics.update(ckpt_path=os.path.abspath(cfg.ckpt_path), arch=hparams["arch"], attention=hparams["attention"])
+    _write_metrics(Path(cfg.paths.output_dir) / "metrics.json", metrics)
+    return metrics
