@@ -28,6 +28,7 @@ from ._threads import single_threaded_pool
 __all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
+_MIN_WORKER_TOKENS = 8  # fewer tokens per thread run in the calling thread
 _TAYLOR_NORM_EPS = 1e-6  # F.normalize's eps inside feature_maps.taylor
 _LOG2E = math.log2(math.e)
 
@@ -82,13 +83,16 @@ TORCH_FEATURE_MAPS = {
 
 def chunk_tokens(batch_heads: int, width: int, num_tokens: int, device: torch.device) -> int:
     """Tokens per chunk so that one (batch_heads, chunk, width) fp32 buffer holds ~1 MiB on CPU
-    (a cache-sized working set), ~64 MiB on GPUs (few launches)."""
+    (a cache-sized working set), ~64 MiB on GPUs (few launches); at least 64 tokens, below which
+    the batched matmuls lose their efficiency."""
     budget = _CHUNK_ELEMENTS.get(device.type, _CHUNK_ELEMENTS["cuda"])
-    return max(16, min(num_tokens, budget // max(1, batch_heads * width)))
+    return max(64, min(num_tokens, budget // max(1, batch_heads * width)))
 
 
-def _spans(n: int, chunk: int):
-    return ((s, min(s + chunk, n)) for s in range(0, n, chunk))
+def _spans(lo: int, hi: int, chunk: int):
+    """range(lo, hi) cut into ceil((hi - lo) / chunk) near-equal (start, end) pieces."""
+    m = max(1, -(-(hi - lo) // chunk))
+    return [(lo + (hi - lo) * i // m, lo + (hi - lo) * (i + 1) // m) for i in range(m)]
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -115,20 +119,19 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def _sweep(step, n: int, chunk: int, device: torch.device) -> Optional[torch.Tensor]:
-    """Sum of ``step(s, e)`` over the chunks of range(n) (steps may also write outputs).
+    """Sum of ``step(s, e)`` over chunks of range(n) (steps may also write outputs).
 
-    With several chunks and intra-op threads, contiguous groups of chunks run concurrently on
-    single-threaded workers (one OpenMP barrier per op and thread costs more than the op here,
-    badly so on a shared CPU); partial sums are added in a fixed order, so results are
+    On CPU the tokens are cut into one contiguous range per intra-op thread, each walked chunk
+    by chunk on a single-threaded worker: an OpenMP barrier per op costs more than the op here,
+    and far more on a shared CPU. Partial sums are added in a fixed order, so the result is
     deterministic for a given thread count.
     """
-    spans = list(_spans(n, chunk))
-    workers = min(len(spans), torch.get_num_threads()) if device.type == "cpu" else 1
+    workers = min(torch.get_num_threads(), n // _MIN_WORKER_TOKENS) if device.type == "cpu" else 1
     if workers <= 1:
-        return _total(step(s, e) for s, e in spans)
-    size = -(-len(spans) // workers)
-    groups = [spans[i:i + size] for i in range(0, len(spans), size)]
-    return _total(single_threaded_pool(len(groups)).map(lambda g: _total(step(s, e) for s, e in g), groups))
+        return _total(step(s, e) for s, e in _spans(0, n, chunk))
+    ranges = _spans(0, n, -(-n // workers))
+    return _total(single_threaded_pool(len(ranges)).map(
+        lambda r: _total(step(s, e) for s, e in _spans(r[0], r[1], chunk)), ranges))
 
 
 def _total(parts):
