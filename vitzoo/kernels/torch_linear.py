@@ -34,35 +34,36 @@ _LOG2E = math.log2(math.e)
 
 
 class FeatureMap(NamedTuple):
-    """``phi(x) -> (f, aux)`` and ``grad(df, f, aux, out) -> dx`` (may overwrite ``df``), plus how
-    many features phi adds to the head dim. ``aux`` is what the derivative needs (elu: exp part)."""
+    """``phi(x, buf) -> (f, aux)`` and ``grad(df, f, aux, out) -> dx`` (may overwrite ``df`` and
+    ``f``), plus how many features phi adds to the head dim. ``aux`` is what the derivative needs
+    (elu: the exp part); ``buf`` hands out scratch tensors (see ``_Scratch``)."""
 
     phi: Callable
     grad: Callable
     extra: int = 0
 
 
-def _elu_phi(x):
-    # elu(x) + 1 = exp(min(x, 0)) + max(x, 0), in cheap passes (elu's own kernel is slower, and
+def _elu_phi(x, buf):
+    # elu(x) + 1 = exp(min(x, 0)) + max(x, 0) in cheap passes (elu's own kernel is slower, and
     # exp2 is about twice as fast as exp here); the exp part is also the derivative.
-    e = torch.mul(x, _LOG2E).clamp_(max=0).exp2_()
-    return torch.add(e, x.clamp(min=0)), e
+    e = torch.mul(x, _LOG2E, out=buf("e", x.shape)).clamp_(max=0).exp2_()
+    return torch.clamp(x, min=0, out=buf("f", x.shape)).add_(e), e
 
 
 def _elu_grad(df, f, e, out):
     return torch.mul(df, e, out=out)
 
 
-def _relu_phi(x):
-    f = F.relu(x)
+def _relu_phi(x, buf):
+    f = torch.clamp(x, min=0, out=buf("f", x.shape))
     return f, f
 
 
 def _relu_grad(df, f, aux, out):
-    return torch.mul(df, f.sign(), out=out)  # relu features are >= 0, so sign(f) is the 0/1 mask
+    return torch.mul(df, f.sign_(), out=out)  # relu features are >= 0: sign(f) is the 0/1 mask
 
 
-def _taylor_phi(x):
+def _taylor_phi(x, buf):
     return FEATURE_MAPS["taylor"](x), x
 
 
@@ -95,20 +96,38 @@ def _spans(lo: int, hi: int, chunk: int):
     return [(lo + (hi - lo) * i // m, lo + (hi - lo) * (i + 1) // m) for i in range(m)]
 
 
+class _Scratch:
+    """Scratch tensors by (name, shape), reused from chunk to chunk of one sweep: a fresh MiB-sized
+    allocation per op costs page faults that take longer than the op itself."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device, self.cache = dtype, device, {}
+
+    def __call__(self, name: str, shape) -> torch.Tensor:
+        key = (name, tuple(shape))
+        if key not in self.cache:
+            self.cache[key] = torch.empty(key[1], dtype=self.dtype, device=self.device)
+        return self.cache[key]
+
+
 def _acc(x: torch.Tensor) -> torch.dtype:
     """The accumulation dtype: fp32 for fp32/bf16/fp16 inputs, fp64 for fp64 (gradcheck)."""
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _rows(x: torch.Tensor, s: int, e: int) -> torch.Tensor:
-    """Tokens s:e of a (B, H, N, D) tensor as a (B*H, e-s, D) tensor in the accumulation dtype
-    (copies only the chunk, and only when it must)."""
-    return x[:, :, s:e].reshape(-1, e - s, x.shape[-1]).to(_acc(x))
+def _rows(x: torch.Tensor, s: int, e: int, buf: _Scratch, name: str) -> torch.Tensor:
+    """Tokens s:e of a (B, H, N, D) tensor as (B*H, e-s, D) in the accumulation dtype: a view
+    when the layout and dtype allow, else a copy into scratch."""
+    part = x[:, :, s:e]
+    if part.dtype == buf.dtype and part.stride(0) == part.shape[1] * part.stride(1):
+        return part.flatten(0, 1)
+    out = buf(name, part.shape)
+    return out.copy_(part).flatten(0, 1)
 
 
 def _slot(dst: torch.Tensor, s: int, e: int) -> torch.Tensor:
     """Tokens s:e of a contiguous (B, H, N, D) result as a writable (B*H, e-s, D) view."""
-    return dst[:, :, s:e].view(-1, e - s, dst.shape[-1])
+    return dst[:, :, s:e].flatten(0, 1)
 
 
 def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -118,23 +137,28 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         slot.copy_(torch.bmm(a, b))
 
 
-def _sweep(step, n: int, chunk: int, device: torch.device) -> Optional[torch.Tensor]:
-    """Sum of ``step(s, e)`` over chunks of range(n) (steps may also write outputs).
+def _sweep(step, n: int, chunk: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """Sum of ``step(s, e, buf)`` over chunks of range(n) (steps may also write outputs).
 
     On CPU the tokens are cut into one contiguous range per intra-op thread, each walked chunk
     by chunk on a single-threaded worker: an OpenMP barrier per op costs more than the op here,
     and far more on a shared CPU. Partial sums are added in a fixed order, so the result is
     deterministic for a given thread count.
     """
-    workers = min(torch.get_num_threads(), n // _MIN_WORKER_TOKENS) if device.type == "cpu" else 1
+    def walk(lo_hi):
+        buf = _Scratch(_acc(like), like.device)
+        return _total(step(s, e, buf) for s, e in _spans(lo_hi[0], lo_hi[1], chunk))
+
+    cpu = like.device.type == "cpu"
+    workers = min(torch.get_num_threads(), n // _MIN_WORKER_TOKENS) if cpu else 1
     if workers <= 1:
-        return _total(step(s, e) for s, e in _spans(0, n, chunk))
+        return walk((0, n))
     ranges = _spans(0, n, -(-n // workers))
-    return _total(single_threaded_pool(len(ranges)).map(
-        lambda r: _total(step(s, e) for s, e in _spans(r[0], r[1], chunk)), ranges))
+    return _total(single_threaded_pool(len(ranges)).map(walk, ranges))
 
 
 def _total(parts):
+    """Sum of the parts (None when they are None), added in order."""
     out = None
     for p in parts:
         out = p if out is None else out.add_(p)
@@ -142,26 +166,29 @@ def _total(parts):
 
 
 def _state(k, v, fm: FeatureMap, chunk: int):
-    """S' = [S | z] (BH, F, Dv + 1): S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j), in fp32."""
-    def step(s, e):
-        fk, _ = fm.phi(_rows(k, s, e))
-        vc = _rows(v, s, e)
-        return torch.cat([torch.bmm(fk.mT, vc), fk.sum(1).unsqueeze(-1)], dim=-1)
+    """S' = [S | z] (BH, F, Dv + 1): S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j), in fp32.
 
-    return _sweep(step, k.shape[2], chunk, k.device)
+    Kept as one tensor: one (F x Dv+1) matmul then yields [phi(q) S | phi(q).z] at once."""
+    def step(s, e, buf):
+        fk, _ = fm.phi(_rows(k, s, e, buf, "k"), buf)
+        return torch.cat([torch.bmm(fk.mT, _rows(v, s, e, buf, "v")), fk.sum(1).unsqueeze(-1)], dim=-1)
+    return _sweep(step, k.shape[2], chunk, k)
 
 
 def _forward(q, k, v, fm: FeatureMap, eps: float, chunk: int):
     state = _state(k, v, fm, chunk)
     out, dv = v.new_empty(q.shape[:3] + v.shape[3:]), v.shape[-1]
-
-    def step(s, e):
-        fq, _ = fm.phi(_rows(q, s, e))
-        numden = torch.bmm(fq, state)  # [phi(q) S | phi(q).z]
+    def step(s, e, buf):
+        fq, _ = fm.phi(_rows(q, s, e, buf, "q"), buf)
+        numden = torch.bmm(fq, state, out=buf("numden", fq.shape[:2] + state.shape[-1:]))  # [phi(q)S | phi(q).z]
         torch.div(numden[..., :dv], numden[..., dv:].add_(eps), out=_slot(out, s, e))
-
-    _sweep(step, q.shape[2], chunk, q.device)
+    _sweep(step, q.shape[2], chunk, q)
     return out, state
+
+
+def _rowdot(a, b, buf):
+    """sum_f a[..., f] * b[..., f] as (..., 1), through a scratch product."""
+    return torch.mul(a, b, out=buf("prod", a.shape)).sum(-1, keepdim=True)
 
 
 def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, needs):
@@ -169,34 +196,31 @@ def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, need
     dv_ = v.shape[-1]
     S, z = state[..., :dv_], state[..., dv_].unsqueeze(1)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
-
-    def q_step(s, e):  # dq for tokens s:e and their share of [dS | dz]
-        fq, aux = fm.phi(_rows(q, s, e))
-        den = torch.linalg.vecdot(fq, z).unsqueeze(-1).add_(eps)
-        gw = fq.new_empty(fq.shape[:2] + (dv_ + 1,))  # [g | -w]
-        g = torch.div(_rows(dout, s, e), den, out=gw[..., :dv_])
-        a = torch.bmm(g, S.mT)
-        w = torch.linalg.vecdot(fq, a).unsqueeze(-1).div_(den)
+    def q_step(s, e, buf):  # dq for tokens s:e and their share of [dS | dz]
+        fq, aux = fm.phi(_rows(q, s, e, buf, "q"), buf)
+        den = _rowdot(fq, z, buf).add_(eps)
+        gw = buf("gw", fq.shape[:2] + (dv_ + 1,))  # [g | -w]
+        g = torch.div(_rows(dout, s, e, buf, "do"), den, out=gw[..., :dv_])
+        a = torch.bmm(g, S.mT, out=buf("a", fq.shape))
+        w = _rowdot(fq, a, buf).div_(den)
         torch.neg(w, out=gw[..., dv_:])
         dstate = torch.bmm(fq.mT, gw)
         if need_q:
             fm.grad(a.addcmul_(w, z, value=-1.0), fq, aux, out=_slot(dq, s, e))
         return dstate
-
-    dstate = _sweep(q_step, q.shape[2], chunk, q.device)
-    dS, dz = dstate[..., :dv_], dstate[..., dv_].unsqueeze(1)
+    dstate = _sweep(q_step, q.shape[2], chunk, q)
+    dS, dz = dstate[..., :dv_].contiguous(), dstate[..., dv_].unsqueeze(1)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_v else None
-
-    def kv_step(s, e):
-        fk, aux = fm.phi(_rows(k, s, e))
+    def kv_step(s, e, buf):
+        fk, aux = fm.phi(_rows(k, s, e, buf, "k"), buf)
         if need_v:
             _bmm_into(_slot(dv, s, e), fk, dS)
         if need_k:
-            fm.grad(torch.baddbmm(dz, _rows(v, s, e), dS.mT), fk, aux, out=_slot(dk, s, e))
-
+            dfk = torch.baddbmm(dz, _rows(v, s, e, buf, "v"), dS.mT, out=buf("a", fk.shape))
+            fm.grad(dfk, fk, aux, out=_slot(dk, s, e))
     if need_k or need_v:
-        _sweep(kv_step, k.shape[2], chunk, k.device)
+        _sweep(kv_step, k.shape[2], chunk, k)
     return dq, dk, dv
 
 
@@ -206,7 +230,7 @@ class _LinearAttentionFn(torch.autograd.Function):
         fm = TORCH_FEATURE_MAPS[feature_map]
         with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
             out, state = _forward(q, k, v, fm, eps, chunk)
-        ctx.save_for_backward(q, k, v, state)
+        ctx.save_for_backward(q, k, v, state)  # the inputs and [S | z]: features are recomputed
         ctx.fm, ctx.eps, ctx.chunk = fm, eps, chunk
         return out
 
