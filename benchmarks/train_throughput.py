@@ -5,6 +5,7 @@ same random batch; timings alternate between the two (A B A B ...) so machine no
 alike. Prints a table of img/s and the ratio zoo / timm (1.00 = no overhead).
 
     python benchmarks/train_throughput.py                       # vit_cifar shape, CPU, batch 64
+    python benchmarks/train_throughput.py --threads 1 --clock process --rounds 15   # on a busy CPU
     python benchmarks/train_throughput.py --device cuda --precision bf16 --batch-size 256
     python benchmarks/train_throughput.py --arch vit_small --img-size 224 --csv out.csv
 """
@@ -48,15 +49,15 @@ def make_step(model, device, precision):
     return step
 
 
-def timed(step, x, y, steps, device) -> float:
+def timed(step, x, y, steps, device, clock) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(steps):
         step(x, y)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return steps * len(x) / (time.perf_counter() - start)
+    return steps * len(x) / (clock() - start)
 
 
 def main() -> None:
@@ -70,10 +71,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--clock", default="wall", choices=["wall", "process"],
+                        help="process = this process's CPU time: steadier on a shared CPU (use with --threads 1)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
     parser.add_argument("--csv", help="also write the table to this CSV file")
     args = parser.parse_args()
 
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.manual_seed(0)
     models, shape = build(args.arch, args.img_size, 10)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
@@ -89,11 +96,12 @@ def main() -> None:
     rates = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            rates[name].append(timed(step, x, y, args.steps, device))
+            rates[name].append(timed(step, x, y, args.steps, device, clock))
 
     ref = statistics.median(rates["timm VisionTransformer"])
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{args.arch} {shape}, img {args.img_size}, batch {args.batch_size}, {args.precision}, {where}")
+    print(f"{args.arch} {shape}, img {args.img_size}, batch {args.batch_size}, {args.precision}, {where}, "
+          f"{args.clock} clock")
     rows = []
     for name, values in rates.items():
         med = statistics.median(values)

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from conftest import FAST_DATA, FAST_VIT, QUIET, ROOT, compose_config
 from vitzoo.data import DigitsDataModule
@@ -130,17 +130,19 @@ def _run(args, cwd, timeout=300):
 def test_ddp_two_cpu_processes_log_world_reduced_metrics(tmp_path):
     """trainer=ddp with 2 gloo processes: logged val metrics cover both halves of the val set."""
     run_dir = tmp_path / "ddp"
-    proc = _run(["train.py", "trainer=ddp", "trainer.devices=2", *QUIET, "data.num_workers=0",
-                 *FAST_VIT, "trainer.max_epochs=1", "data.batch_size=32", "callbacks.attention_entropy=null",
-                 f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    data = [*FAST_DATA, "data.num_val=64"]
+    proc = _run(["train.py", "trainer=ddp", "trainer.devices=2", *QUIET, *data, *FAST_VIT, "trainer.max_epochs=1",
+                 "callbacks.attention_entropy=null", f"hydra.run.dir={run_dir}"], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = json.loads((run_dir / "metrics.json").read_text())
-    model, hp = load_classifier(run_dir / "checkpoints" / "last.ckpt")
-    dm = DigitsDataModule(img_size=hp["img_size"])
+    assert logged["global_step"] == 2  # 64 images, batch 16 per process, 2 processes
+    model, _ = load_classifier(run_dir / "checkpoints" / "last.ckpt")
+    dm = instantiate(compose_config(tmp_path, data).data)
     dm.setup("validate")
     whole = evaluate(model, dm.val_dataloader())
     rank0 = torch.utils.data.Subset(dm.val_dataset, range(0, len(dm.val_dataset), 2))  # DistributedSampler's share
     half = evaluate(model, torch.utils.data.DataLoader(rank0, batch_size=64))
+    assert whole["num_images"] == 64
     assert logged["val/loss"] == pytest.approx(whole["loss"], abs=1e-5)
     assert logged["val/acc1"] == pytest.approx(whole["acc1"], abs=1e-9)
     assert abs(half["loss"] - whole["loss"]) > 1e-4  # so the check above can tell one rank from two
