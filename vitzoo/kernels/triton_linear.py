@@ -62,7 +62,7 @@ def _state_kernel(K, V, PS, PZ, N, H, per_split,
                   skb, skh, skn, skd, svb, svh, svn, svd,
                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh, split, splits = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    bh, split, splits = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
     b, h = bh // H, bh % H
     K += b * skb + h * skh
     V += b * svb + h * svh
@@ -91,7 +91,7 @@ def _output_kernel(Q, S, Z, O, N, H, eps,
                    sqb, sqh, sqn, sqd, sob, soh, son, sod,
                    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-    blk, bh = tl.program_id(0), tl.program_id(1)
+    blk, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -113,7 +113,7 @@ def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, H, per_split, eps,
                sqb, sqh, sqn, sqd, sob, soh, son, sod, sgb, sgh, sgn, sgd,
                D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DQ: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh, split, splits = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
+    bh, split, splits = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
     b, h = bh // H, bh % H
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     md, me = offs_d < D, offs_e < DV
@@ -154,7 +154,7 @@ def _dkv_kernel(K, V, DS, DZ, DK, DV_, N, H,
                 D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr,
                 BLOCK_N: tl.constexpr):
-    blk, bh = tl.program_id(0), tl.program_id(1)
+    blk, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -217,13 +217,14 @@ def _forward(q, k, v, feature_map: str, eps: float):
 def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
     B, H, N, d = q.shape
     meta = _meta(q, v, feature_map)
-    dq = torch.empty_like(q)
+    dq = torch.empty_like(q) if needs[0] else q  # q: a pointer that is never written
     splits, per_split = _split(B * H, N, q.device)
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
     _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, H, per_split, eps, *q.stride(), *dout.stride(),
                                 *dq.stride(), NEED_DQ=needs[0], **meta)
     dS, dz = ps.sum(1), pz.sum(1)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk = torch.empty_like(k) if needs[1] else k  # never written when not needed
+    dv = torch.empty_like(v) if needs[2] else v
     if needs[1] or needs[2]:
         grid = lambda m: (triton.cdiv(k.shape[2], m["BLOCK_N"]), B * H)
         _dkv_kernel[grid](k, v, dS, dz, dk, dv, k.shape[2], H, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
