@@ -125,6 +125,21 @@ def test_inference_mode_and_autocast():
         torch.testing.assert_close(fused_linear_attention(q, k, v, impl="torch", chunk=16), base)
 
 
+def _forward_in_child(args):
+    return fused_linear_attention(*args, impl="torch", chunk=16)
+
+
+def test_forked_child_gets_its_own_workers():
+    """DataLoader-style fork after the worker threads exist must not hang (threads do not survive fork)."""
+    import multiprocessing
+
+    q, k, v = make_qkv(1, 2, 100, 16, requires_grad=False)
+    base = fused_linear_attention(q, k, v, impl="torch", chunk=16)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        out = pool.apply_async(_forward_in_child, ((q, k, v),)).get(timeout=120)
+    torch.testing.assert_close(out, base)
+
+
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True)])
 def test_partial_requires_grad(wanted):
     q, k, v = make_qkv(1, 2, 40, 16, requires_grad=False)

@@ -16,7 +16,8 @@ import torch
 
 from .torch_linear import TORCH_FEATURE_MAPS, linear_attention_torch
 
-__all__ = ["fused_linear_attention", "linear_attention_torch", "triton_available", "FUSED_IMPLS"]
+__all__ = ["fused_linear_attention", "linear_attention_torch", "triton_available", "triton_interpreting",
+           "FUSED_IMPLS"]
 
 FUSED_IMPLS = ("auto", "torch", "triton")
 
@@ -31,11 +32,16 @@ def triton_available() -> bool:
     return True
 
 
+def triton_interpreting() -> bool:
+    """Whether Triton runs kernels on its CPU interpreter (TRITON_INTERPRET=1, set before triton imports)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optional[str]:
     """Why the Triton path cannot serve these inputs (None when it can)."""
     if not triton_available():
         return "triton is not installed (pip install triton)"
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if not q.is_cuda and not triton_interpreting():
         return f"the Triton kernels need CUDA tensors, got {q.device.type} ones"
     from .triton_linear import MAX_HEAD_DIM, TRITON_FEATURE_MAPS
 

@@ -40,9 +40,18 @@ class _Pool:
 
 
 def single_threaded_pool(size: int) -> _Pool:
-    """The process's pool of ``size`` workers (a new one after fork: threads do not survive it)."""
-    key = (os.getpid(), size)
+    """The process's pool of ``size`` workers."""
     with _lock:
-        if key not in _pools:
-            _pools[key] = _Pool(size)
-        return _pools[key]
+        if size not in _pools:
+            _pools[size] = _Pool(size)
+        return _pools[size]
+
+
+def _forget_after_fork() -> None:
+    """Threads do not survive fork (e.g. DataLoader workers): a child starts without pools."""
+    global _lock
+    _lock = threading.Lock()
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

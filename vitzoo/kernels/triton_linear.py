@@ -9,26 +9,21 @@ Only q, k, v, S, z are saved. Feature maps: elu (+1) and relu; head dims up to 1
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
-__all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM", "interpreting"]
+from . import triton_interpreting
+
+__all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM"]
 
 TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1}
 MAX_HEAD_DIM = 128
 
 
-def interpreting() -> bool:
-    """True when Triton runs kernels on the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _configs():
-    if interpreting():  # one config: the interpreter is slow and has nothing to tune
+    if triton_interpreting():  # one config: the interpreter is slow and has nothing to tune
         return [triton.Config({"BLOCK_N": 32}, num_warps=4)]
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bn in (64, 128) for w in (4, 8) for s in (2, 3)]
