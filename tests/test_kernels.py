@@ -125,6 +125,21 @@ def test_inference_mode_and_autocast():
         torch.testing.assert_close(fused_linear_attention(q, k, v, impl="torch", chunk=16), base)
 
 
+def test_worker_pool_is_single_threaded_and_leaves_other_threads_alone():
+    import threading
+
+    from vitzoo.kernels._threads import single_threaded_pool
+
+    main = torch.get_num_threads()
+    assert single_threaded_pool(2).map(lambda _: torch.get_num_threads(), range(4)) == [1] * 4
+    assert torch.get_num_threads() == main
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert seen == [main]  # a thread started later still gets the process default
+
+
 def _forward_in_child(args):
     return fused_linear_attention(*args, impl="torch", chunk=16)
 
