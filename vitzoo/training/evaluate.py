@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -24,7 +25,11 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if not zipfile.is_zipfile(path):
+            reason = "not a torch.save archive"
+        else:  # a real archive holding something other than tensors and plain values, or damaged inside
+            reason = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line),
+                          f"{type(err).__name__}")
         raise ValueError(f"ckpt_path={path!r} is not a readable checkpoint ({reason}); the file is corrupted or "
                          f"not a torch checkpoint: point ckpt_path at another .ckpt written by train.py") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
