@@ -255,7 +255,8 @@ def report(args, times, memory, rate) -> None:
             cells = [" / ".join(f"{memory[(m, n, mode)] / 2**20:.1f}" if (m, n, mode) in memory else "-"
                                 for mode in MODES) for m in names]
             print(f"| {n} | " + " | ".join(cells) + " |")
-    print(f"\n## fraction of the floor, fwd+bwd ({'FLOPs / sgemm rate' if args.device.type == 'cpu' else 'bytes / copy bandwidth'})")
+    floor = "FLOPs / sgemm rate" if args.device.type == "cpu" else "bytes / copy bandwidth"
+    print(f"\n## fraction of the floor, fwd+bwd ({floor})")
     print("| n | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     for n in args.sizes:
         cells = [f"{floor_seconds(m, n, 'fwd+bwd', args, rate) / times[(m, n, 'fwd+bwd')]:.2f}"
