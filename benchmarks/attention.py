@@ -119,6 +119,10 @@ def timed(fn, device) -> float:
     return time.perf_counter() - t
 
 
+def summarise(samples, args) -> float:
+    return min(samples) if args.stat == "min" else statistics.median(samples)
+
+
 def time_all(args):
     """{(name, n, mode): seconds (best or median of the reps)}; mechanisms interleaved in each rep."""
     results = {}
@@ -132,9 +136,8 @@ def time_all(args):
                 for m in names:
                     if rep * first[m] < args.case_seconds:
                         samples[m].append(timed(lambda: call(m, mode, qkv, dout), args.device))
-            summary = min if args.stat == "min" else statistics.median
             for m in names:
-                results[(m, n, mode)] = summary(samples[m] or [first[m]])
+                results[(m, n, mode)] = summarise(samples[m] or [first[m]], args)
             print(f"  n={n:6d} {mode:8s} " + "  ".join(f"{m} {results[(m, n, mode)] * 1e3:.2f}ms" for m in names),
                   file=sys.stderr, flush=True)
     return results
@@ -320,8 +323,9 @@ def e2e(args) -> None:
                 t = timed(lambda: model(x), args.device)
                 if rep:
                     samples[att].append(t)
-    lin, soft = (statistics.median(samples[a]) for a in ("linear", "softmax"))
-    print(f"\n## end to end: ViT-Tiny 1024x1024 patch 8 (16,384 tokens), batch 1 inference, {args.device.type}")
+    lin, soft = (summarise(samples[a], args) for a in ("linear", "softmax"))
+    print(f"\n## end to end: ViT-Tiny 1024x1024 patch 8 (16,384 tokens), batch 1 inference, {args.device.type}, "
+          f"{args.stat} of {args.e2e_reps}")
     print(f"| vit_linear ms | vit_softmax ms | softmax / linear |\n|---|---|---|\n"
           f"| {lin * 1e3:.0f} | {soft * 1e3:.0f} | {soft / lin:.1f}x |")
 
