@@ -5,11 +5,9 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 import vitzoo
 from conftest import CONFIGS, FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config

@@ -21,11 +21,12 @@ def test_digits_split_is_stratified_disjoint_and_fixed():
     val_counts = np.bincount(val.labels, minlength=10)
     all_counts = np.bincount(labels, minlength=10)
     assert np.all(np.abs(val_counts / all_counts - 0.2) < 0.02)
-    # Disjoint (no image of val is a train image object twice over the whole set) and reproducible.
+    # The split partitions the set and is the same every time.
+    assert len(train) + len(val) == len(labels)
+    assert np.array_equal(np.bincount(train.labels) + val_counts, all_counts)
     again = DigitsDataModule()
     again.setup("fit")
     assert np.array_equal(again.val_dataset.images, val.images)
-    assert len(train) + len(val) == len(labels)
 
 
 def test_digits_eval_images_are_normalised():
