@@ -141,18 +141,22 @@ def test_worker_pool_is_single_threaded_and_leaves_other_threads_alone():
 
 
 def _forward_in_child(args):
-    return fused_linear_attention(*args, impl="torch", chunk=16)
+    args = [torch.from_numpy(a) for a in args]
+    return fused_linear_attention(*args, impl="torch", chunk=256).numpy()  # plain pickling back
 
 
 def test_forked_child_gets_its_own_workers():
-    """DataLoader-style fork after the worker threads exist must not hang (threads do not survive fork)."""
+    """DataLoader-style fork after the worker threads exist must not hang (threads do not survive fork).
+
+    The inputs are large enough for the worker path, so nothing in the child touches the parent's
+    OpenMP pool (which, like any libgomp pool, does not survive fork either)."""
     import multiprocessing
 
-    q, k, v = make_qkv(1, 2, 100, 16, requires_grad=False)
-    base = fused_linear_attention(q, k, v, impl="torch", chunk=16)
+    q, k, v = make_qkv(1, 2, 2048, 16, requires_grad=False)
+    base = fused_linear_attention(q, k, v, impl="torch", chunk=256)
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        out = pool.apply_async(_forward_in_child, ((q, k, v),)).get(timeout=120)
-    torch.testing.assert_close(out, base)
+        out = pool.apply_async(_forward_in_child, ((q.numpy(), k.numpy(), v.numpy()),)).get(timeout=120)
+    torch.testing.assert_close(torch.from_numpy(out), base)
 
 
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True)])
