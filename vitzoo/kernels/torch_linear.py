@@ -28,8 +28,8 @@ from ._threads import single_threaded_pool
 __all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
-_MIN_WORKER_TOKENS = 8  # fewer tokens per thread run in the calling thread ...
-_MIN_PARALLEL_ELEMENTS = 1 << 16  # ... and so do inputs this small (handing work over costs ~0.3 ms)
+_MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
+_MIN_PARALLEL_ELEMENTS = 1 << 16  # ... and so do inputs this small (a hand-over costs ~0.1-0.3 ms)
 _TAYLOR_NORM_EPS = 1e-6  # F.normalize's eps inside feature_maps.taylor
 _LOG2E = math.log2(math.e)
 
@@ -141,20 +141,20 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 def _sweep(step, n: int, chunk: int, like: torch.Tensor) -> Optional[torch.Tensor]:
     """Sum of ``step(s, e, buf)`` over chunks of range(n) (steps may also write outputs).
 
-    On CPU (inputs that are not tiny) the tokens are cut into one contiguous range per intra-op
-    thread, each walked chunk by chunk on a single-threaded worker: an OpenMP barrier per op costs more than the op here,
-    and far more on a shared CPU. Partial sums are added in a fixed order, so the result is
-    deterministic for a given thread count.
+    On CPU the tokens are cut into one contiguous range per intra-op thread (one range for tiny
+    inputs), each walked chunk by chunk on a single-threaded worker: an OpenMP barrier per op
+    costs more than the op here, and far more on a shared CPU. Partial sums are added in a fixed
+    order, so the result is deterministic for a given thread count.
     """
     def walk(lo_hi):
         buf = _Scratch(_acc(like), like.device)
         return _total(step(s, e, buf) for s, e in _spans(lo_hi[0], lo_hi[1], chunk))
 
-    parallel = like.device.type == "cpu" and like.numel() >= _MIN_PARALLEL_ELEMENTS
-    workers = min(torch.get_num_threads(), n // _MIN_WORKER_TOKENS) if parallel else 1
-    if workers <= 1:
+    threads = torch.get_num_threads() if like.device.type == "cpu" else 1
+    if threads <= 1:
         return walk((0, n))
-    ranges = _spans(0, n, -(-n // workers))
+    workers = min(threads, n // _MIN_WORKER_TOKENS) if like.numel() >= _MIN_PARALLEL_ELEMENTS else 1
+    ranges = _spans(0, n, -(-n // max(1, workers)))
     return _total(single_threaded_pool(len(ranges)).map(walk, ranges))
 
 
