@@ -31,7 +31,7 @@ def phi_ref(x: torch.Tensor, feature_map: str) -> torch.Tensor:
 
 
 def reference(q, k, v, feature_map="elu", eps=EPS):
-    """The formula token by token: sim_ij = phi(q_i).phi(k_j), out_i = sum_j sim_ij v_j / (sum_j sim_ij + eps)."""
+    """The formula through the n x n matrix sim_ij = phi(q_i).phi(k_j): sum_j sim_ij v_j / (sum_j sim_ij + eps)."""
     sim = phi_ref(q, feature_map) @ phi_ref(k, feature_map).transpose(-2, -1)
     return (sim @ v.double()) / (sim.sum(-1, keepdim=True) + eps)
 
