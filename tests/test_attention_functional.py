@@ -13,8 +13,6 @@ SHAPES = [(1, 1, 1, 1, 1, 1), (2, 3, 5, 7, 4, 6), (1, 2, 17, 17, 8, 8), (3, 1, 9
 SELF_SHAPES = [s for s in SHAPES if s[2] == s[3]] + [(2, 2, 6, 6, 3, 5)]
 LINEAR_IMPLS = ["eager"] + (["torch"] if kernels_ready() else [])
 TOL = dict(rtol=1e-5, atol=1e-5)
-# Known bug, reported to the lead: the eager paths call .float(), so float64 inputs are computed in fp32.
-FP64_BUG = pytest.mark.xfail(strict=True, reason="functional.py computes float64 inputs in float32 (.float())")
 
 
 def qkv(shape, seed=0, dtype=torch.float32):
@@ -245,14 +243,13 @@ GRAD_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", [n if n == "softmax_fused" else pytest.param(n, marks=FP64_BUG) for n in sorted(GRAD_CASES)])
+@pytest.mark.parametrize("name", sorted(GRAD_CASES))
 def test_gradcheck(name):
     q, k, v = (t.requires_grad_() for t in qkv((1, 2, 4, 4, 3, 2), seed=13, dtype=torch.float64))
     assert torch.autograd.gradcheck(GRAD_CASES[name], (q, k, v))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=FP64_BUG)
-                                  for n in ["softmax_eager", "efficient", "elu", "taylor", "relu"]])
+@pytest.mark.parametrize("name", ["softmax_eager", "efficient", "elu", "taylor", "relu"])
 def test_float64_inputs_are_computed_in_float64(name):
     """fp32 accumulation is a floor, not a ceiling: float64 inputs keep float64 precision."""
     q, k, v = qkv((2, 2, 7, 7, 5, 3), seed=14, dtype=torch.float64)

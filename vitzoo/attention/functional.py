@@ -30,10 +30,16 @@ __all__ = [
     "entropy_scale",
     "additive_mask",
     "LINEAR_IMPLS",
+    "acc",
 ]
 
 LINEAR_IMPLS = ("auto", "triton", "torch", "eager")
 Scale = Union[float, torch.Tensor, None]
+
+
+def acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in at least fp32: half inputs are promoted, fp32 and fp64 stay as they are."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def entropy_scale(head_dim: int, num_keys: int, train_keys: int) -> float:
@@ -65,10 +71,10 @@ def _logit_bias(q: torch.Tensor, k: torch.Tensor, attn_mask, logit_noise: float,
 
 def softmax_probs(q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_mask=None,
                   logit_noise: float = 0.0) -> torch.Tensor:
-    """softmax(q k^T * scale + mask + noise), computed in fp32: (B, H, Nq, Nk)."""
+    """softmax(q k^T * scale + mask + noise), computed in fp32 or wider: (B, H, Nq, Nk)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = (q.float() * scale) @ k.float().transpose(-2, -1)
-    bias = _logit_bias(q, k, attn_mask, logit_noise, torch.float32)
+    logits = (acc(q) * scale) @ acc(k).transpose(-2, -1)
+    bias = _logit_bias(q, k, attn_mask, logit_noise, logits.dtype)
     if bias is not None:
         logits = logits + bias
     return logits.softmax(dim=-1)
@@ -90,7 +96,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         bias = _logit_bias(q, k, attn_mask, logit_noise, q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     attn = softmax_probs(q, k, scale, attn_mask, logit_noise)
-    out = (F.dropout(attn, dropout_p) @ v.float()).to(v.dtype)
+    out = (F.dropout(attn, dropout_p) @ acc(v)).to(v.dtype)
     return (out, attn) if return_attn else out
 
 
@@ -98,12 +104,12 @@ def _key_noise(k: torch.Tensor, logit_noise: float) -> Optional[torch.Tensor]:
     """Per-key log-factors eps_j ~ N(0, sigma^2), shape (B, H, Nk, 1), or None at sigma = 0."""
     if logit_noise <= 0:
         return None
-    return torch.randn(k.shape[:-1] + (1,), device=k.device, dtype=torch.float32) * logit_noise
+    return torch.randn(k.shape[:-1] + (1,), device=k.device, dtype=acc(k).dtype) * logit_noise
 
 
 def _kernel_features(q, k, feature_map: str, logit_noise: float):
     phi = _feature_map(feature_map)
-    fq, fk = phi(q.float()), phi(k.float())
+    fq, fk = phi(acc(q)), phi(acc(k))
     noise = _key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
@@ -123,7 +129,7 @@ def kernel_probs(q: torch.Tensor, k: torch.Tensor, feature_map: str = "elu", eps
 def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noise: float):
     """out_i = phi(q_i) S / (phi(q_i).z + eps), the plain formula (the reference path)."""
     fq, fk = _kernel_features(q, k, feature_map, logit_noise)
-    vf = v.float()
+    vf = acc(v)
     if causal:
         # S_i = sum_{j<=i} phi(k_j)^T v_j as a cumulative sum of outer products (n*d^2 memory).
         state = torch.cumsum(fk.unsqueeze(-1) * vf.unsqueeze(-2), dim=-3)
@@ -173,11 +179,11 @@ def efficient_probs(q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0) 
 
 
 def _efficient_factors(q, k, logit_noise: float):
-    logits = k.float()
+    logits = acc(k)
     noise = _key_noise(k, logit_noise)
     if noise is not None:
         logits = logits + noise  # the same eps_j on every channel of key j
-    return q.float().softmax(dim=-1), logits.softmax(dim=-2)
+    return acc(q).softmax(dim=-1), logits.softmax(dim=-2)
 
 
 def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -187,4 +193,4 @@ def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Not the exp(k) shortcut with a separate denominator (ATTENTION.md section 3).
     """
     qs, ks = _efficient_factors(q, k, logit_noise)
-    return (qs @ (ks.transpose(-2, -1) @ v.float())).to(v.dtype)
+    return (qs @ (ks.transpose(-2, -1) @ acc(v))).to(v.dtype)

@@ -70,11 +70,6 @@ def resample_tokens(t: torch.Tensor, dim: int, src: Layout, dst: Layout) -> torc
     return torch.cat([t[..., :src.prefix], grid.reshape(*lead, dst.h * dst.w)], dim=-1).movedim(-1, dim)
 
 
-def _acc(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in at least fp32 (logits and their sums are accumulated there)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
 # -- logit generators ------------------------------------------------------------------------
 class GridLogits(nn.Module):
     """A logit generator tied to the layout it was built for.
@@ -98,7 +93,7 @@ class GridLogits(nn.Module):
         if key not in state:
             return
         t = state[key]
-        out = _acc(t) if heads is None else _acc(t).unflatten(0, (heads, -1))
+        out = AF.acc(t) if heads is None else AF.acc(t).unflatten(0, (heads, -1))
         for d in dims:
             out = resample_tokens(out, d, src, self.built)
         state[key] = (out if heads is None else out.flatten(0, 1)).to(t.dtype)
@@ -139,7 +134,7 @@ class DenseLogits(GridLogits):
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) -> (B, H, N, width): what W2 predicts for every token."""
-        return _acc(self.fc2(F.relu(self.fc1(x)))).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        return AF.acc(self.fc2(F.relu(self.fc1(x)))).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
 
     def key_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Predicted rows -> logits over the built keys."""
@@ -182,7 +177,7 @@ class FactorizedDenseLogits(DenseLogits):
             if prefix + key not in state:
                 continue
             t = state[prefix + key]
-            pre, b1, b2 = _acc(t).unflatten(0, (self.num_heads, -1)).split([src.prefix, src.h, src.w], dim=1)
+            pre, b1, b2 = AF.acc(t).unflatten(0, (self.num_heads, -1)).split([src.prefix, src.h, src.w], dim=1)
             b1 = resample_tokens(b1, 1, Layout(0, 1, src.h), Layout(0, 1, self.built.h))
             b2 = resample_tokens(b2, 1, Layout(0, 1, src.w), Layout(0, 1, self.built.w))
             state[prefix + key] = torch.cat([pre, b1, b2], dim=1).flatten(0, 1).to(t.dtype)
@@ -207,7 +202,7 @@ class RandomLogits(GridLogits):
         self.trainable = trainable
 
     def forward(self, x, q, k, layout: Layout) -> torch.Tensor:
-        w = resample_tokens(_acc(self.weight), 1, self.built, layout)
+        w = resample_tokens(AF.acc(self.weight), 1, self.built, layout)
         return resample_tokens(w, 2, self.built, layout).unsqueeze(0)
 
     def resample_state(self, state, prefix, src):
@@ -229,8 +224,8 @@ class FactorizedRandomLogits(GridLogits):
         self.r2 = nn.Parameter(torch.randn(num_heads, layout.tokens, rank, device=device, dtype=dtype) * std)
 
     def forward(self, x, q, k, layout: Layout) -> torch.Tensor:
-        r1 = resample_tokens(_acc(self.r1), 1, self.built, layout)
-        r2 = resample_tokens(_acc(self.r2), 1, self.built, layout)
+        r1 = resample_tokens(AF.acc(self.r1), 1, self.built, layout)
+        r2 = resample_tokens(AF.acc(self.r2), 1, self.built, layout)
         return (r1 @ r2.transpose(-2, -1)).unsqueeze(0)
 
     def resample_state(self, state, prefix, src):
@@ -251,7 +246,7 @@ class DotProductLogits(nn.Module):
 
     def forward(self, x, q, k, layout) -> torch.Tensor:
         s = logit_scale(self.scale, self.head_dim, k.shape[-2], self.train_tokens)
-        return (_acc(q) * s) @ _acc(k).transpose(-2, -1)
+        return (AF.acc(q) * s) @ AF.acc(k).transpose(-2, -1)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}"
@@ -267,7 +262,7 @@ class MixLogits(nn.Module):
 
     @property
     def alpha(self) -> torch.Tensor:
-        return _acc(self.weight).softmax(dim=0)
+        return AF.acc(self.weight).softmax(dim=0)
 
     def forward(self, x, q, k, layout) -> torch.Tensor:
         return sum(a * part(x, q, k, layout) for a, part in zip(self.alpha, self.parts.values()))
@@ -318,7 +313,7 @@ class SynthesizerAttention(ZooAttention):
             logits = logits + torch.randn(v.shape[:2] + logits.shape[-2:], device=v.device,
                                           dtype=logits.dtype) * logit_noise
         attn = self.attn_drop(logits.softmax(dim=-1).expand(v.shape[0], -1, -1, -1))
-        return (attn @ _acc(v)).to(v.dtype)
+        return (attn @ AF.acc(v)).to(v.dtype)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         logits = self.logits(x, q, k, attn_mask, is_causal)[:, :, query_index]
