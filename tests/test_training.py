@@ -64,8 +64,15 @@ def test_digits_training_learns_and_checkpoint_rebuilds_the_model(tmp_path):
     entropy = {k: v for k, v in metrics.items() if k.startswith("entropy/")}
     assert sorted(entropy) == ["entropy/blocks.0.attn", "entropy/blocks.1.attn"]
     assert all(0.0 < v <= 1.0 for v in entropy.values())
+    # ... and once before training: near-uniform at init, sharper after learning.
+    initial = {k: v for k, v in metrics.items() if k.startswith("entropy_init/")}
+    assert sorted(initial) == ["entropy_init/blocks.0.attn", "entropy_init/blocks.1.attn"]
+    assert all(v > 0.9 for v in initial.values()), initial
+    assert sum(entropy.values()) < sum(initial.values())
 
     checkpoint = read_checkpoint(ckpts / "last.ckpt")  # weights_only=True
+    saved = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("AttentionEntropy"))
+    assert saved["initial"] == {k.split("/", 1)[1]: v for k, v in initial.items()}
     hp = checkpoint["hyper_parameters"]
     assert hp["arch"] == "vit_cifar" and hp["attention"]["name"] == "softmax" and hp["num_classes"] == 10
     assert hp["img_size"] == 16 and hp["model_kwargs"]["depth"] == 2 and len(hp["mean"]) == len(hp["std"]) == 3

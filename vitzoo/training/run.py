@@ -14,6 +14,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from .callbacks import AttentionEntropy
 from .evaluate import evaluate, load_classifier, read_checkpoint
 from .module import ImageClassifier
 
@@ -73,7 +74,8 @@ def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Fit ``cfg`` (resuming from ``cfg.ckpt_path`` when set); returns the final metrics.
 
-    Writes ``metrics.json`` (last val metrics, best checkpoint) to ``cfg.paths.output_dir``.
+    Writes ``metrics.json`` (last val metrics, best checkpoint, attention entropy at init) to
+    ``cfg.paths.output_dir``.
     """
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
@@ -90,6 +92,9 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
 
     metrics: Dict[str, Any] = _floats(trainer.callback_metrics)
     metrics.update(global_step=trainer.global_step, epoch=trainer.current_epoch)
+    for callback in trainer.callbacks:
+        if isinstance(callback, AttentionEntropy):
+            metrics.update({f"entropy_init/{name}": value for name, value in callback.initial.items()})
     checkpoint = trainer.checkpoint_callback
     if checkpoint is not None and checkpoint.best_model_path:
         metrics.update(best_ckpt=checkpoint.best_model_path, best_score=float(checkpoint.best_model_score))
