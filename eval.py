@@ -1,15 +1,18 @@
-"""Evaluate a checkpoint: ``python eval.py ckpt_path=<run dir>/checkpoints/last.ckpt`` -> metrics.json."""
+"""Evaluate checkpoints: ``python eval.py ckpt_path=<run dir>/checkpoints/last.ckpt`` (several: a list or a
+mapping) -> clean accuracy, input corruptions, attention-logit noise and resolution sweeps (see README)."""
 import hydra
 from omegaconf import DictConfig
 
-from vitzoo.training import evaluate_checkpoint, user_errors
+from vitzoo.robustness.run import evaluate_checkpoints
+from vitzoo.training import user_errors
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
     with user_errors():
-        metrics = evaluate_checkpoint(cfg)
-    print({k: v for k, v in metrics.items() if k in ("acc1", "acc5", "loss", "num_images")})
+        results = evaluate_checkpoints(cfg)
+    for label, summary in results["summary"].items():
+        print(label, {k: v for k, v in summary.items() if not isinstance(v, dict)})
 
 
 if __name__ == "__main__":

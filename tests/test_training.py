@@ -14,8 +14,9 @@ from hydra.utils import instantiate
 
 from conftest import FAST_DATA, FAST_VIT, QUIET, ROOT, compose_config
 from vitzoo.data import DigitsDataModule
-from vitzoo.training import (ImageClassifier, build_optimizer, evaluate, evaluate_checkpoint, load_classifier,
-                             read_checkpoint, train, warmup_cosine)
+from vitzoo.robustness.run import evaluate_checkpoints
+from vitzoo.training import (ImageClassifier, build_optimizer, evaluate, load_classifier, read_checkpoint, train,
+                             warmup_cosine)
 
 
 def test_warmup_cosine_shape():
@@ -84,8 +85,8 @@ def test_digits_training_learns_and_checkpoint_rebuilds_the_model(tmp_path):
     assert result["acc1"] == pytest.approx(metrics["val/acc1"], abs=1e-6)  # last.ckpt = last validated weights
     assert result["loss"] == pytest.approx(metrics["val/loss"], rel=1e-4)
 
-    eval_cfg = compose_config(tmp_path / "eval", [f"ckpt_path={ckpts / 'last.ckpt'}"], name="eval")
-    evaluate_checkpoint(eval_cfg)
+    eval_cfg = compose_config(tmp_path / "eval", [f"ckpt_path={ckpts / 'last.ckpt'}", "robustness=clean"], name="eval")
+    evaluate_checkpoints(eval_cfg)
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert written["acc1"] == pytest.approx(result["acc1"]) and written["arch"] == "vit_cifar"
 

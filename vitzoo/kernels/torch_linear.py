@@ -18,7 +18,6 @@ import math
 from typing import Callable, NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from vitzoo.attention.feature_maps import FEATURE_MAPS

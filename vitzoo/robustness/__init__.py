@@ -1,4 +1,13 @@
-"""Robustness evaluation: input corruptions (and, with eval.py, noise sweeps)."""
-from .corruptions import CORRUPTIONS, PROTOCOLS, corrupt, list_corruptions
+"""Robustness evaluation: input corruptions, attention-logit noise at eval time, resolution sweeps.
 
-__all__ = ["CORRUPTIONS", "PROTOCOLS", "corrupt", "list_corruptions"]
+``corrupt`` and ``attention_noise`` are the building blocks; ``Sweep`` / ``run_pass`` evaluate one
+model, ``summarize`` turns records into mean corrupted accuracy, relative drop and mCE, and
+``vitzoo.robustness.run.evaluate_checkpoints`` is what ``eval.py`` runs over several checkpoints.
+"""
+from .attention_noise import attention_noise
+from .corruptions import CORRUPTIONS, PROTOCOLS, corrupt, list_corruptions
+from .report import summarize
+from .sweep import Pass, Sweep, run_pass, sweep_passes
+
+__all__ = ["CORRUPTIONS", "PROTOCOLS", "corrupt", "list_corruptions", "attention_noise", "Sweep", "Pass",
+           "run_pass", "sweep_passes", "summarize"]

@@ -3,10 +3,10 @@ from .callbacks import AttentionEntropy
 from .evaluate import evaluate, load_classifier, read_checkpoint
 from .module import ImageClassifier, build_model
 from .optim import build_optimizer, build_scheduler, warmup_cosine
-from .run import build_classifier, evaluate_checkpoint, train, user_errors
+from .run import build_classifier, instantiate_config, train, user_errors, write_json
 
 __all__ = [
     "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
-    "build_optimizer", "build_scheduler", "warmup_cosine", "train", "evaluate_checkpoint", "build_classifier",
+    "build_optimizer", "build_scheduler", "warmup_cosine", "train", "build_classifier", "instantiate_config", "write_json",
     "user_errors",
 ]

@@ -48,10 +48,17 @@ def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
     if missing:
         raise ValueError(f"ckpt_path={os.fspath(path)!r} lacks hyperparameters {missing}; it was not written by "
                          f"vitzoo's train.py")
-    model = build_model(hparams)
     prefix = "model."
     state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-    model.load_state_dict(state)
+    try:
+        model = build_model(hparams)
+        model.load_state_dict(state)
+    except (TypeError, RuntimeError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 and type(err) is RuntimeError else lines[0] if lines else type(err).__name__
+        raise ValueError(f"ckpt_path={os.fspath(path)!r}: its weights do not fit the architecture it names "
+                         f"({hparams['arch']}, attention {hparams['attention']}): {detail[:200]}; the checkpoint was "
+                         f"edited or mixes two models, use the .ckpt train.py wrote for that run") from None
     return model.eval(), hparams
 
 

@@ -1,4 +1,4 @@
-"""What train.py / eval.py call: compose objects from a Hydra config, fit or evaluate, write metrics.json."""
+"""What train.py calls: compose objects from a Hydra config, fit, write metrics.json (and helpers eval.py shares)."""
 from __future__ import annotations
 
 import json
@@ -15,10 +15,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .callbacks import AttentionEntropy
-from .evaluate import evaluate, load_classifier, read_checkpoint
+from .evaluate import read_checkpoint
 from .module import ImageClassifier
 
-__all__ = ["train", "evaluate_checkpoint", "build_classifier", "user_errors"]
+__all__ = ["train", "build_classifier", "user_errors", "instantiate_config", "write_json"]
 
 USER_ERRORS = (ValueError, FileNotFoundError)
 
@@ -34,7 +34,7 @@ def user_errors() -> Iterator[None]:
         sys.exit(f"error: {err}")
 
 
-def _instantiate(node: DictConfig, **kwargs) -> Any:
+def instantiate_config(node: DictConfig, **kwargs) -> Any:
     """hydra's instantiate, re-raising a user error from the target's constructor as itself."""
     try:
         return instantiate(node, **kwargs)
@@ -46,7 +46,7 @@ def _instantiate(node: DictConfig, **kwargs) -> Any:
 
 def _instantiate_all(group: Optional[DictConfig]) -> List[Any]:
     """Every entry of a config group mapping that has a ``_target_`` (set an entry to null to drop it)."""
-    return [_instantiate(node) for node in (group or {}).values() if node is not None and "_target_" in node]
+    return [instantiate_config(node) for node in (group or {}).values() if node is not None and "_target_" in node]
 
 
 def _plain(node: Any) -> Any:
@@ -62,7 +62,8 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
         mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
 
 
-def _write_metrics(path: Path, metrics: Dict[str, Any]) -> None:
+def write_json(path: Path, metrics: Dict[str, Any]) -> None:
+    """``metrics`` as indented, key-sorted JSON at ``path`` (parent folders created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 
@@ -82,10 +83,10 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
         read_checkpoint(ckpt_path)  # a clear error for a missing / corrupted file, before Lightning's
-    datamodule = _instantiate(cfg.data)
+    datamodule = instantiate_config(cfg.data)
     module = build_classifier(cfg, datamodule)
     loggers = _instantiate_all(cfg.get("logger"))
-    trainer = _instantiate(cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=loggers or False)
+    trainer = instantiate_config(cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=loggers or False)
     for logger in trainer.loggers:
         logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
@@ -99,26 +100,5 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     if checkpoint is not None and checkpoint.best_model_path:
         metrics.update(best_ckpt=checkpoint.best_model_path, best_score=float(checkpoint.best_model_score))
     if trainer.is_global_zero:
-        _write_metrics(Path(cfg.paths.output_dir) / "metrics.json", metrics)
-    return metrics
-
-
-def evaluate_checkpoint(cfg: DictConfig) -> Dict[str, Any]:
-    """Evaluate ``cfg.ckpt_path`` on the val split of ``cfg.data``; writes ``metrics.json`` to the run dir.
-
-    The data pipeline takes the checkpoint's ``img_size``, ``mean`` and ``std``.
-    """
-    if not cfg.get("ckpt_path"):
-        raise ValueError("no checkpoint given; run eval.py ckpt_path=<run dir>/checkpoints/last.ckpt")
-    model, hparams = load_classifier(cfg.ckpt_path)
-    datamodule = _instantiate(cfg.data, img_size=hparams["img_size"], mean=hparams["mean"], std=hparams["std"])
-    if datamodule.num_classes != hparams["num_classes"]:
-        raise ValueError(f"the checkpoint has {hparams['num_classes']} classes but data has "
-                         f"{datamodule.num_classes}; pass the data=... it was trained on")
-    datamodule.prepare_data()
-    datamodule.setup("validate")
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    metrics: Dict[str, Any] = evaluate(model.to(device), datamodule.val_dataloader(), device)
-    metrics.update(ckpt_path=os.path.abspath(cfg.ckpt_path), arch=hparams["arch"], attention=hparams["attention"])
-    _write_metrics(Path(cfg.paths.output_dir) / "metrics.json", metrics)
+        write_json(Path(cfg.paths.output_dir) / "metrics.json", metrics)
     return metrics

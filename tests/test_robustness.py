@@ -1,0 +1,233 @@
+"""Robustness evaluation: the sweep, its summary metrics, eval.py's outputs and its errors."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import QUIET, ROOT, compose_config
+from vitzoo import robustness
+from vitzoo.data import DigitsDataModule
+from vitzoo.robustness import Pass, Sweep, attention_noise, run_pass, summarize, sweep_passes
+from vitzoo.robustness.run import evaluate_checkpoints
+from vitzoo.training import load_classifier, read_checkpoint, train
+
+TINY = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
+        "++model.kwargs.global_pool=avg", "++model.kwargs.class_token=false", "model.kwargs.drop_path_rate=0",
+        "data.batch_size=32", "module.optim.lr=3e-3", "trainer.max_epochs=10"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Two small digits classifiers (softmax and linear attention), trained for real."""
+    out = {}
+    for preset in ("vit_softmax", "vit_linear"):
+        run = tmp_path_factory.mktemp(preset)
+        metrics = train(compose_config(run, [f"model={preset}", *TINY, *QUIET]))
+        assert metrics["val/acc1"] > 0.7, metrics
+        out[preset] = run / "checkpoints" / "last.ckpt"
+    return out
+
+
+def unit_loader(img_size: int, max_images=None, batch_size=90):
+    """Digits val split in [0, 1] at ``img_size`` (mean 0, std 1), as eval.py builds it."""
+    dm = DigitsDataModule(img_size=img_size, mean=(0.0,) * 3, std=(1.0,) * 3, eval_batch_size=batch_size)
+    dm.setup("validate")
+    data = dm.val_dataset if max_images is None else torch.utils.data.Subset(dm.val_dataset, range(max_images))
+    return torch.utils.data.DataLoader(data, batch_size=batch_size)
+
+
+def sweep_pass(model, hp, step, sweep=Sweep(), loaders=None):
+    loaders = loaders if loaders is not None else {}
+    return run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"],
+                    lambda s: loaders.setdefault(s, unit_loader(s)), torch.device("cpu"))
+
+
+# -- the sweep ----------------------------------------------------------------------------------
+def test_zero_logit_noise_reproduces_clean_accuracy_exactly_and_noise_changes_it(checkpoints):
+    model, hp = load_classifier(checkpoints["vit_softmax"])
+    clean = sweep_pass(model, hp, Pass("clean", 0))
+    zero = sweep_pass(model, hp, Pass("logit_noise", 0.0))
+    assert zero["acc1"] == clean["acc1"] and zero["loss"] == clean["loss"]  # bit-identical, not approximately
+    loud = sweep_pass(model, hp, Pass("logit_noise", 8.0))
+    assert loud["loss"] != clean["loss"]
+    assert sweep_pass(model, hp, Pass("logit_noise", 8.0)) == loud  # seeded: repeats exactly
+    assert all(m.eval_logit_noise == 0 for m in model.modules() if hasattr(m, "eval_logit_noise"))
+
+
+def test_clean_pass_matches_the_training_pipeline(checkpoints):
+    """[0, 1] images normalised in the sweep == the data module's own normalised val images."""
+    model, hp = load_classifier(checkpoints["vit_linear"])
+    clean = sweep_pass(model, hp, Pass("clean", 0))
+    assert clean["acc1"] == pytest.approx(json.loads((checkpoints["vit_linear"].parents[1] / "metrics.json")
+                                                     .read_text())["val/acc1"], abs=1 / 360)
+    assert clean["num_images"] == 360
+
+
+def test_accuracy_falls_monotonically_with_gaussian_severity(checkpoints):
+    model, hp = load_classifier(checkpoints["vit_softmax"])
+    sweep = Sweep(protocol="imagenet")  # digits are 16 px: the CIFAR strengths barely touch them
+    acc = [sweep_pass(model, hp, Pass("clean", 0), sweep)["acc1"]]
+    acc += [sweep_pass(model, hp, Pass("gaussian_noise", s), sweep)["acc1"] for s in range(1, 6)]
+    assert all(b <= a + 0.02 for a, b in zip(acc, acc[1:])), acc  # within noise of 360 images
+    assert acc[5] < acc[0] - 0.1, acc
+
+
+def test_every_checkpoint_sees_the_same_corrupted_images():
+    """Corruptions draw from a fresh generator per pass: two models, one pass each -> identical inputs."""
+    seen = []
+
+    class Recorder(nn.Module):
+        def forward(self, x):
+            seen.append(x.clone())
+            return torch.zeros(len(x), 10)
+
+    recorder, hp = Recorder(), {"img_size": 16, "mean": (0.3,) * 3, "std": (0.3,) * 3}
+    loaders = {16: unit_loader(16, max_images=64, batch_size=32)}
+    for _ in range(2):
+        sweep_pass(recorder, hp, Pass("shot_noise", 3), Sweep(seed=5), loaders)
+    first, second = torch.cat(seen[:2]), torch.cat(seen[2:])
+    assert torch.equal(first, second)
+    sweep_pass(recorder, hp, Pass("shot_noise", 3), Sweep(seed=6), loaders)
+    assert not torch.equal(torch.cat(seen[4:]), first)
+    clean_inputs = torch.cat([(x - 0.3) / 0.3 for x, _ in loaders[16]])
+    assert not torch.equal(first, clean_inputs)
+
+
+def test_resolution_pass_runs_at_a_patch_multiple(checkpoints):
+    model, hp = load_classifier(checkpoints["vit_linear"])  # 16 px, patch 4
+    loaders = {}
+    result = sweep_pass(model, hp, Pass("resolution", 1.6), loaders=loaders)
+    assert result["level"] == 24 and set(loaders) == {24}  # 1.6 * 16 = 25.6 -> 24 (patch 4)
+    assert 0.1 < result["acc1"] <= 1.0 and result["num_images"] == 360
+
+
+def test_sweep_lists_every_pass_clean_first():
+    passes = sweep_passes(Sweep(corruptions=("contrast",), severities=(1, 5), logit_noise=(0, 1), resolutions=(2,)))
+    assert [str(p) for p in passes] == ["clean", "contrast 1", "contrast 5", "logit_noise 0", "logit_noise 1",
+                                        "resolution 2"]
+
+
+def test_bad_sweep_options_name_the_fix():
+    with pytest.raises(ValueError, match=r"unknown corruption\(s\) \['fog'\]; choose from \[.*'gaussian_noise'"):
+        Sweep(corruptions=("gaussian_noise", "fog"))
+    with pytest.raises(ValueError, match="severities are 1..5"):
+        Sweep(severities=(0, 6))
+    with pytest.raises(ValueError, match="negative sigma"):
+        Sweep(logit_noise=(-1,))
+    with pytest.raises(ValueError, match="must be a list.*corruptions=\\[contrast\\]"):
+        Sweep(corruptions="contrast")
+    with pytest.raises(ValueError, match="unknown protocol"):
+        Sweep(protocol="tiny")
+
+
+# -- the summary --------------------------------------------------------------------------------
+def _records(label, clean, corrupted):
+    out = [{"checkpoint": label, "test": "clean", "level": 0, "acc1": clean}]
+    for name, accs in corrupted.items():
+        out += [{"checkpoint": label, "test": name, "level": s, "acc1": a} for s, a in enumerate(accs, 1)]
+    return out
+
+
+def test_summary_mean_drop_and_mce_follow_hendrycks():
+    base = _records("base", 0.9, {"gaussian_noise": [0.8, 0.6], "contrast": [0.7, 0.5]})
+    model = _records("model", 0.8, {"gaussian_noise": [0.75, 0.65], "contrast": [0.4, 0.2]})
+    s = summarize(base + model, baseline="base")
+    assert s["model"]["mean_corrupted_acc1"] == pytest.approx((0.75 + 0.65 + 0.4 + 0.2) / 4)
+    assert s["model"]["relative_drop"] == pytest.approx((0.8 - 0.5) / 0.8)
+    ce_noise = (0.25 + 0.35) / (0.2 + 0.4)
+    ce_contrast = (0.6 + 0.8) / (0.3 + 0.5)
+    assert s["model"]["ce"] == pytest.approx({"gaussian_noise": ce_noise, "contrast": ce_contrast})
+    assert s["model"]["mce"] == pytest.approx((ce_noise + ce_contrast) / 2)
+    rel_noise = ((0.25 - 0.2) + (0.35 - 0.2)) / ((0.2 - 0.1) + (0.4 - 0.1))
+    rel_contrast = ((0.6 - 0.2) + (0.8 - 0.2)) / ((0.3 - 0.1) + (0.5 - 0.1))
+    assert s["model"]["relative_mce"] == pytest.approx((rel_noise + rel_contrast) / 2)
+    assert s["base"]["mce"] == pytest.approx(1.0) and s["base"]["relative_mce"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="baseline 'other' is not among the evaluated checkpoints"):
+        summarize(base, baseline="other")
+
+
+# -- eval.py --------------------------------------------------------------------------------------
+def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
+    ckpts = f"{{softmax: {checkpoints['vit_softmax']}, linear: {checkpoints['vit_linear']}}}"
+    cfg = compose_config(tmp_path, [f"ckpt_path={ckpts}", "robustness.corruptions=[gaussian_noise,contrast]",
+                                    "robustness.severities=[1,3,5]", "robustness.logit_noise=[0,1]",
+                                    "robustness.resolutions=[2]", "robustness.baseline=softmax",
+                                    "robustness.progress=false"], name="eval")
+    result = evaluate_checkpoints(cfg)
+    payload = json.loads((tmp_path / "robustness.json").read_text())
+    per_ckpt = 1 + 2 * 3 + 2 + 1
+    assert len(payload["records"]) == 2 * per_ckpt == len(result["records"])
+    assert {(r["checkpoint"], r["test"], r["level"]) for r in payload["records"]} >= {
+        ("softmax", "clean", 0), ("linear", "contrast", 5), ("linear", "logit_noise", 1.0),
+        ("softmax", "resolution", 32)}
+    for label in ("softmax", "linear"):
+        records = {(r["test"], r["level"]): r["acc1"] for r in payload["records"] if r["checkpoint"] == label}
+        assert records[("logit_noise", 0.0)] == records[("clean", 0)]
+        assert payload["summary"][label]["clean_acc1"] == records[("clean", 0)]
+    assert payload["summary"]["softmax"]["mce"] == pytest.approx(1.0)
+    assert payload["baseline"] == "softmax" and payload["checkpoints"]["linear"]["attention"]["name"] == "linear"
+    with open(tmp_path / "robustness.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * per_ckpt and set(rows[0]) >= {"checkpoint", "test", "level", "acc1"}
+    for png in ("corruptions.png", "logit_noise.png", "resolution.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for label in ("softmax", "linear"):
+        assert list((tmp_path / "tensorboard" / label).glob("events.out.tfevents.*"))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(metrics) == {"softmax", "linear"} and metrics["linear"]["num_images"] == 360
+
+
+def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
+    cfg = compose_config(tmp_path, [f"ckpt_path=[{checkpoints['vit_softmax']},{checkpoints['vit_linear']}]",
+                                    "robustness=clean", f"robustness.baseline={checkpoints['vit_linear']}",
+                                    "robustness.progress=false"], name="eval")
+    payload = evaluate_checkpoints(cfg)
+    assert list(payload["metrics"]) == ["softmax", "linear"]
+    assert payload["summary"]["linear"]["clean_acc1"] == payload["metrics"]["linear"]["acc1"]
+
+
+def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
+    ckpt = checkpoints["vit_softmax"]
+    proc = subprocess.run([sys.executable, "eval.py", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}",
+                           "robustness.corruptions=[gaussian_noise,fog]"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown corruption(s) ['fog']; choose from"), proc.stderr
+    assert "'jpeg_compression'" in lines[0]
+
+    def evaluate(*overrides):
+        return evaluate_checkpoints(compose_config(tmp_path / "e", [*overrides, "robustness=clean"], name="eval"))
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        evaluate(f"ckpt_path={tmp_path / 'missing.ckpt'}")
+    with pytest.raises(ValueError, match="neither a checkpoint label"):
+        evaluate(f"ckpt_path={ckpt}", "robustness.baseline=nothing")
+    with pytest.raises(ValueError, match="has 10 classes but the data has 3; pass the data"):
+        evaluate(f"ckpt_path={ckpt}", "data=synthetic", "data.num_classes=3")
+    # A checkpoint whose weights belong to another architecture than the one it names.
+    checkpoint = read_checkpoint(ckpt)
+    checkpoint["hyper_parameters"]["arch"] = "nonlocal_resnet18_cifar"
+    torch.save(checkpoint, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="do not fit the architecture it names \\(nonlocal_resnet18_cifar"):
+        evaluate(f"ckpt_path={tmp_path / 'other.ckpt'}")
+
+
+def test_attention_noise_switches_every_layer_on_and_restores_it(checkpoints):
+    model, _ = load_classifier(checkpoints["vit_linear"])
+    layers = [m for m in model.modules() if hasattr(m, "eval_logit_noise")]
+    with attention_noise(model, 0.7):
+        assert [m.eval_logit_noise for m in layers] == [0.7, 0.7]
+        assert [m.active_logit_noise for m in layers] == [0.7, 0.7]  # eval mode
+    assert [m.eval_logit_noise for m in layers] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="sigma is a standard deviation"):
+        with attention_noise(model, -1.0):
+            pass
+    with pytest.raises(ValueError, match="no vitzoo attention layers"):
+        with robustness.attention_noise(nn.Linear(2, 2), 1.0):
+            pass

@@ -1,0 +1,175 @@
+"""What eval.py calls: several checkpoints side by side through one robustness sweep.
+
+Writes into the run directory: ``metrics.json`` (clean metrics), ``robustness.json`` (summary and
+one record per checkpoint x test x level), ``robustness.csv``, PNG plots and TensorBoard scalars.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, Subset
+
+from vitzoo.training import instantiate_config, load_classifier, write_json
+
+from .report import log_tensorboard, plot_results, summarize, write_results
+from .sweep import CLEAN, Sweep, patch_multiple, resolution_size, run_pass, sweep_passes
+
+__all__ = ["evaluate_checkpoints", "checkpoint_entries", "derive_labels"]
+
+SWEEP_KEYS = ("corruptions", "severities", "protocol", "logit_noise", "resolutions", "seed")
+Entry = Tuple[Optional[str], str]  # (label or None, checkpoint path)
+
+
+def checkpoint_entries(spec: Any) -> List[Entry]:
+    """``ckpt_path`` as (label, path) pairs: one path, a list of paths (label None), or {label: path}."""
+    if OmegaConf.is_config(spec):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    if not spec:
+        raise ValueError("no checkpoint given; run eval.py ckpt_path=<run dir>/checkpoints/last.ckpt "
+                         "(or ckpt_path=[a.ckpt,b.ckpt], or 'ckpt_path={softmax: a.ckpt, linear: b.ckpt}')")
+    if isinstance(spec, Mapping):
+        return [(str(k), os.fspath(v)) for k, v in spec.items()]
+    paths = [os.fspath(spec)] if isinstance(spec, (str, os.PathLike)) else [os.fspath(p) for p in spec]
+    if len({os.path.abspath(p) for p in paths}) != len(paths):
+        raise ValueError(f"ckpt_path lists a checkpoint twice: {paths}")
+    return [(None, p) for p in paths]
+
+
+def derive_labels(entries: List[Entry], hparams: List[dict]) -> List[str]:
+    """Labels for unlabelled entries: the attention name (with the architecture when the architectures
+    differ), then the run directory where that is ambiguous, then a number."""
+    names = [h["attention"] if isinstance(h["attention"], str) else h["attention"]["name"] for h in hparams]
+    if len({h["arch"] for h in hparams}) > 1:
+        names = [f"{h['arch']}/{n}" for h, n in zip(hparams, names)]
+    runs = [Path(p).parent.parent.name if Path(p).parent.name == "checkpoints" else Path(p).stem for _, p in entries]
+    taken = [lb for lb, _ in entries if lb is not None]
+    labels = [lb if lb is not None else (n if names.count(n) == 1 and n not in taken else f"{n} ({r})")
+              for (lb, _), n, r in zip(entries, names, runs)]
+    return [lb if labels.count(lb) == 1 else f"{lb} #{i}" for i, lb in enumerate(labels)]
+
+
+def _with_baseline(entries: List[Entry], baseline: Optional[str]) -> Tuple[List[Entry], Optional[int]]:
+    """Entries plus the baseline's index; a baseline path not among them is appended as 'baseline'."""
+    if baseline is None:
+        return entries, None
+    for i, (label, path) in enumerate(entries):
+        if baseline == label or os.path.abspath(baseline) == os.path.abspath(path):
+            return entries, i
+    if not os.path.isfile(baseline):
+        labels = [lb for lb, _ in entries if lb is not None]
+        raise ValueError(f"robustness.baseline={baseline!r} is neither a checkpoint label {labels} nor an "
+                         f"existing .ckpt file; name one of the evaluated checkpoints or a checkpoint path")
+    return [*entries, ("baseline", baseline)], len(entries)
+
+
+def _unit_loaders(data_cfg: DictConfig, channels: int, max_images: Optional[int]) -> Callable[[int], Iterable]:
+    """``loader_at(size)``: the val split at ``size`` x ``size`` in [0, 1] (mean 0, std 1), cached per size."""
+    cache: Dict[int, DataLoader] = {}
+
+    def loader_at(size: int) -> DataLoader:
+        if size not in cache:
+            dm = instantiate_config(data_cfg, img_size=size, mean=[0.0] * channels, std=[1.0] * channels)
+            dm.prepare_data()
+            dm.setup("validate")
+            dataset = dm.val_dataset
+            if max_images is not None:
+                dataset = Subset(dataset, range(min(int(max_images), len(dataset))))
+            cache[size] = DataLoader(dataset, batch_size=dm.eval_batch_size, num_workers=dm.num_workers,
+                                     persistent_workers=dm.num_workers > 0)
+        return cache[size]
+
+    return loader_at
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
+    """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
+    rob = cfg.robustness
+    sweep = Sweep(**{k: OmegaConf.to_object(rob[k]) if OmegaConf.is_config(rob[k]) else rob[k] for k in SWEEP_KEYS})
+    entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), rob.get("baseline"))
+    num_classes = instantiate_config(cfg.data).num_classes
+    loaded = [load_classifier(path) for _, path in entries]  # every checkpoint checked before the first pass
+    for (_, path), (_, hp) in zip(entries, loaded):
+        if hp["num_classes"] != num_classes:
+            raise ValueError(f"{path} has {hp['num_classes']} classes but the data has {num_classes}; "
+                             f"pass the data=... it was trained on")
+    channels = {len(hp["mean"]) for _, hp in loaded}
+    if len(channels) > 1:
+        raise ValueError(f"the checkpoints take different channel counts {sorted(channels)}; evaluate them separately")
+    labels = derive_labels(entries, [hp for _, hp in loaded])
+    baseline = labels[base_index] if base_index is not None else None
+    loader_at = _unit_loaders(cfg.data, channels.pop(), rob.get("max_images"))
+    device = _device(cfg.device)
+
+    passes = sweep_passes(sweep)
+    records: List[dict] = []
+    with _Progress(rob.get("progress", True), len(labels) * len(passes)) as advance:
+        for label, (model, hp) in zip(labels, loaded):
+            model.to(device)
+            for step in passes:
+                advance(f"{label}: {step}")
+                metrics = run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"], loader_at, device)
+                records.append({"checkpoint": label, "test": step.test, **metrics})
+            model.cpu()
+
+    out = Path(cfg.paths.output_dir)
+    checkpoints = {
+        label: {"path": os.path.abspath(path), "arch": hp["arch"], "attention": hp["attention"],
+                "img_size": hp["img_size"],
+                "resolution_sizes": [resolution_size(hp["img_size"], r, patch_multiple(m)) for r in sweep.resolutions]}
+        for label, (_, path), (m, hp) in zip(labels, entries, loaded)}
+    summary = summarize(records, baseline)
+    write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline,
+                                          "sweep": {k: getattr(sweep, k) for k in SWEEP_KEYS}})
+    if rob.get("plots", True):
+        plot_results(records, out, {lb: c["img_size"] for lb, c in checkpoints.items()})
+    if rob.get("tensorboard", True):
+        log_tensorboard(records, out / "tensorboard")
+    clean = {r["checkpoint"]: {**{k: r[k] for k in ("acc1", "acc5", "loss", "num_images")},
+                               "ckpt_path": checkpoints[r["checkpoint"]]["path"],
+                               "arch": checkpoints[r["checkpoint"]]["arch"],
+                               "attention": checkpoints[r["checkpoint"]]["attention"]}
+             for r in records if r["test"] == CLEAN}
+    write_json(out / "metrics.json", next(iter(clean.values())) if len(clean) == 1 else clean)
+    return {"summary": summary, "records": records, "metrics": clean, "checkpoints": checkpoints}
+
+
+class _Progress:
+    """A Rich progress bar over the whole sweep (silent when disabled); ``with`` gives ``advance(description)``."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.bar, self.task, self.started = enabled, total, None, None, False
+
+    def __enter__(self) -> Callable[[str], None]:
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("robustness", total=self.total)
+        return self.advance
+
+    def advance(self, description: str) -> None:
+        if self.bar is None:
+            return
+        if self.started:
+            self.bar.advance(self.task)
+        self.bar.update(self.task, description=description)
+        self.started = True
+
+    def __exit__(self, *exc) -> bool:
+        if self.bar is not None:
+            if exc[0] is None:
+                self.bar.update(self.task, completed=self.total)
+            self.bar.stop()
+        return False

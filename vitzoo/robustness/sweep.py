@@ -1,0 +1,124 @@
+"""One classifier through a robustness sweep: clean, input corruptions, attention-logit noise, resolutions.
+
+Every pass is seeded and drawn in the same order, so two checkpoints evaluated with the same
+``Sweep`` see the very same corrupted images, and a pass repeats exactly. Images come from the
+loader in [0, 1] (corruptions are defined there) and are normalised with the model's mean/std
+just before the forward pass.
+"""
+from __future__ import annotations
+
+import numbers
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from vitzoo.training.evaluate import evaluate
+
+from .attention_noise import attention_noise
+from .corruptions import PROTOCOLS, corrupt, list_corruptions
+
+__all__ = ["Sweep", "Pass", "sweep_passes", "run_pass", "resolution_size", "patch_multiple",
+           "CLEAN", "LOGIT_NOISE", "RESOLUTION"]
+
+CLEAN, LOGIT_NOISE, RESOLUTION = "clean", "logit_noise", "resolution"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What to measure. ``resolutions`` are factors of the training size (1.5 = 48 px for 32 px training),
+    rounded to a multiple of the model's patch; ``protocol`` None picks CIFAR-C strengths up to 64 px."""
+
+    corruptions: Tuple[str, ...] = ()
+    severities: Tuple[int, ...] = (1, 2, 3, 4, 5)
+    protocol: Optional[str] = None
+    logit_noise: Tuple[float, ...] = ()
+    resolutions: Tuple[float, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("corruptions", "severities", "logit_noise", "resolutions"):
+            value = getattr(self, name)
+            if isinstance(value, (str, numbers.Number)):
+                raise ValueError(f"robustness.{name} must be a list, got {value!r}; write e.g. {name}=[{value}]")
+            object.__setattr__(self, name, tuple(value))
+        valid = list_corruptions()
+        unknown = [c for c in self.corruptions if c not in valid]
+        if unknown:
+            raise ValueError(f"unknown corruption(s) {unknown}; choose from {valid}")
+        bad = [s for s in self.severities if not isinstance(s, numbers.Integral) or not 1 <= s <= 5]
+        if bad:
+            raise ValueError(f"robustness.severities {bad} out of range; severities are 1..5 "
+                             f"(clean is always measured)")
+        if self.protocol is not None and self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r}; choose one of {list(PROTOCOLS)} "
+                             f"or null (by image size)")
+        if any(s < 0 for s in self.logit_noise):
+            raise ValueError(f"robustness.logit_noise {list(self.logit_noise)} holds a negative sigma; use values >= 0")
+        if any(r <= 0 for r in self.resolutions):
+            raise ValueError(f"robustness.resolutions {list(self.resolutions)} must be positive factors of the "
+                             f"training size, e.g. [1.5, 2.0]")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One evaluation pass: ``test`` (clean, a corruption name, logit_noise, resolution) at ``level``."""
+
+    test: str
+    level: float
+
+    def __str__(self) -> str:
+        return self.test if self.test == CLEAN else f"{self.test} {self.level:g}"
+
+
+def sweep_passes(sweep: Sweep) -> List[Pass]:
+    """Every pass of ``sweep``, clean first."""
+    passes = [Pass(CLEAN, 0)]
+    passes += [Pass(c, s) for c in sweep.corruptions for s in sweep.severities]
+    passes += [Pass(LOGIT_NOISE, float(s)) for s in sweep.logit_noise]
+    passes += [Pass(RESOLUTION, float(r)) for r in sweep.resolutions]
+    return passes
+
+
+def resolution_size(img_size: int, factor: float, multiple: int) -> int:
+    """``factor * img_size`` rounded to a multiple of ``multiple`` (the patch size), at least one multiple."""
+    return max(multiple, int(round(factor * img_size / multiple)) * multiple)
+
+
+def patch_multiple(model: nn.Module) -> int:
+    """The size inputs must be a multiple of: a ViT's patch size, else 1."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", 1)
+    return int(patch[0] if isinstance(patch, (tuple, list)) else patch)
+
+
+def _normaliser(mean: Sequence[float], std: Sequence[float], device) -> Callable[[torch.Tensor], torch.Tensor]:
+    m = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=device).view(1, -1, 1, 1)
+    return lambda x: (x - m) / s
+
+
+def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Sequence[float], std: Sequence[float],
+             loader_at: Callable[[int], Iterable], device: torch.device) -> Dict[str, float]:
+    """Evaluate ``model`` (in eval mode) for one pass; returns the ``evaluate`` metrics plus the ``level``.
+
+    ``loader_at(size)`` yields (images in [0, 1] at ``size`` x ``size``, labels). A resolution pass
+    reports the image size in pixels as its level.
+    """
+    normalise = _normaliser(mean, std, device)
+    size, preprocess, noise = img_size, normalise, 0.0
+    level = step.level
+    torch.manual_seed(sweep.seed)  # logit noise draws from the global RNG; identical for every pass
+    if step.test == RESOLUTION:
+        size = level = resolution_size(img_size, step.level, patch_multiple(model))
+    elif step.test == LOGIT_NOISE:
+        noise = step.level
+    elif step.test != CLEAN:
+        generator = torch.Generator().manual_seed(sweep.seed)  # CPU: the same draws on any device
+
+        def preprocess(x: torch.Tensor) -> torch.Tensor:
+            return normalise(corrupt(x, step.test, int(step.level), sweep.protocol, generator=generator))
+    with attention_noise(model, noise) if step.test == LOGIT_NOISE else nullcontext():
+        metrics = evaluate(model, loader_at(size), device, preprocess)
+    return {**metrics, "level": level}
