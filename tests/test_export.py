@@ -157,8 +157,7 @@ def test_cli_writes_an_export_and_reports_bad_checkpoints(tmp_path, capsys):
 
 def test_training_run_exports_its_best_checkpoint(tmp_path, fast_overrides):
     cfg = compose_config(tmp_path, [*fast_overrides, "model=vit_softmax", "trainer.max_epochs=2",
-                                    "+callbacks.export_best._target_=vitzoo.export.ExportBestCallback",
-                                    "+callbacks.export_best.head=false"])
+                                    "callbacks.export_best.head=false"])  # on by default
     metrics = train(cfg)
     best, _ = load_classifier(metrics["best_ckpt"])
     exported = load_exported(tmp_path / "export").eval()

@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassJaccardIndex
 import vitzoo
 from conftest import compose_config
 from vitzoo.export import export_model
+from vitzoo.training import train
 from vitzoo.segmentation import (SHAPE_CLASSES, SegmentationDataModule, SegmentationFolder, SegmentationModule,
                                  SegmentationNet, create_backbone, make_shapes_dataset)
 
@@ -116,3 +117,16 @@ def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
     trainer.save_checkpoint(tmp_path / "seg.ckpt")
     reloaded = SegmentationModule.load_from_checkpoint(tmp_path / "seg.ckpt", weights_only=True)
     assert abs(_miou(reloaded, dm.val_dataloader()) - after) < 1e-6
+
+
+def test_train_py_runs_the_segment_config(export_dir, tmp_path):
+    """`python train.py --config-name segment_shapes module.backbone=<export>`: the same train() as classification."""
+    cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'shapes'}", "data.num_images=24", "data.img_size=32",
+                                    f"module.backbone={export_dir}", "trainer.max_epochs=1", "trainer.accelerator=cpu",
+                                    "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"],
+                         name="segment_shapes")
+    metrics = train(cfg)
+    assert 0.0 <= metrics["val/miou"] <= 1.0 and metrics["global_step"] > 0
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file() and (tmp_path / "metrics.json").is_file()
+    reloaded = SegmentationModule.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert reloaded.hparams.backbone == str(export_dir)

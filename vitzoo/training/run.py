@@ -75,6 +75,9 @@ def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Fit ``cfg`` (resuming from ``cfg.ckpt_path`` when set); returns the final metrics.
 
+    The LightningModule is the classifier of ``cfg.model`` + ``cfg.module``, or, when ``cfg.module``
+    has a ``_target_`` (``--config-name segment``), that module.
+
     Writes ``metrics.json`` (last val metrics, best checkpoint, attention entropy at init) to
     ``cfg.paths.output_dir``.
     """
@@ -84,7 +87,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     if ckpt_path:
         read_checkpoint(ckpt_path)  # a clear error for a missing / corrupted file, before Lightning's
     datamodule = instantiate_config(cfg.data)
-    module = build_classifier(cfg, datamodule)
+    module = instantiate_config(cfg.module) if "_target_" in cfg.module else build_classifier(cfg, datamodule)
     loggers = _instantiate_all(cfg.get("logger"))
     trainer = instantiate_config(cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=loggers or False)
     for logger in trainer.loggers:
