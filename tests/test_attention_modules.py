@@ -259,11 +259,14 @@ def test_unknown_option_lists_valid_options():
     ({"name": "linear", "feature_map": "gelu"}, {}, "elu"),
     ({"name": "linear", "impl": "cuda"}, {}, "eager"),
     ({"name": "efficient", "logit_noise": -1.0}, {}, ">= 0"),
+    ({"name": "softmax", "heads": "projected"}, dict(dim=10, num_heads=3), "head_dim"),
+    ({"name": "softmax", "head_dim": 0}, {}, "positive integer"),
 ])
 def test_bad_options_are_value_errors_naming_the_fix(spec, kwargs, fix):
     kwargs = {"dim": 16, "num_heads": 2, **kwargs}
-    with pytest.raises(ValueError, match=fix):
+    with pytest.raises(ValueError, match=fix) as err:
         build_attention(spec, kwargs.pop("dim"), **kwargs)
+    assert "\n" not in str(err.value)  # one line
 
 
 def test_log_n_scale_needs_a_training_token_count_outside_a_model():

@@ -63,7 +63,7 @@ def test_every_architecture_and_mechanism_trains_at_two_resolutions(arch, name):
             assert all(b.norm.weight.grad.abs().sum() > 0 for b in model.modules() if isinstance(b, NonLocalBlock))
 
 
-@pytest.mark.parametrize("arch", ["vit_tiny", "nonlocal_resnet18"])
+@pytest.mark.parametrize("arch", vitzoo.list_models())
 def test_timm_create_model_reaches_the_zoo(arch):
     model = timm.create_model(arch, attention=spec("efficient"), **small(arch))
     assert isinstance(model, ZooVisionTransformer if arch.startswith("vit") else NonLocalResNet)
@@ -208,3 +208,28 @@ def test_model_level_bad_options_name_the_fix():
         vitzoo.create_model("vit_tiny", attention={"name": "efficient", "feature_map": "elu"}, **small("vit_tiny"))
     with pytest.raises(ValueError, match="multiple of the patch size"):
         vitzoo.create_model("vit_tiny", **{**small("vit_tiny"), "img_size": 36})
+
+
+@pytest.mark.parametrize("img_size", [100, 37])
+@pytest.mark.parametrize("attention", [{"name": "synth_random", "interpolate": False},
+                                       {"name": "softmax", "scale": "log_n"}], ids=["synth_fixed_grid", "log_n"])
+def test_nonlocal_blocks_are_built_for_the_real_feature_map(img_size, attention):
+    """Odd sizes: timm's stride-2 layers round up, so the grid a block is built for must too."""
+    model = vitzoo.create_model("nonlocal_resnet18", attention=attention, img_size=img_size, num_classes=3,
+                                channels=[8, 16, 32, 64], stem_width=8).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, img_size, img_size))  # interpolate: false would refuse a wrong grid
+    for block in (m for m in model.modules() if isinstance(m, NonLocalBlock)):
+        n = block.attn.token_grid[0] * block.attn.token_grid[1]
+        built = getattr(block.attn, "built_layout", None)
+        assert built is None or (built.h, built.w) == block.attn.token_grid
+        if attention["name"] == "softmax":
+            assert block.attn.logit_scale(n) == pytest.approx(block.attn.head_dim ** -0.5)
+
+
+@pytest.mark.parametrize("name", vitzoo.list_attentions())
+def test_every_mechanism_runs_a_non_square_input(name):
+    model = vitzoo.create_model("vit_cifar", attention=name, depth=1, embed_dim=32, num_heads=2).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 48, 24))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()

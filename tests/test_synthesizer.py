@@ -62,8 +62,10 @@ def ref_part_logits(kind, gen, x, q, k):
 
 def ref_qkv(m, x):
     """Split-head projections: in_proj rows are (outputs, heads, head_dim)."""
-    w = m.in_proj.proj.weight.view(-1, HEADS, HD, DIM)
-    return [torch.einsum("bnc,hdc->bhnd", x, wi) for wi in w]
+    w = m.in_proj.proj.weight.view(-1, m.num_heads, m.head_dim, x.shape[-1])
+    bias = m.in_proj.proj.bias
+    b = bias.view(-1, 1, m.num_heads, 1, m.head_dim) if bias is not None else torch.zeros(len(w), 1, 1, 1, 1)
+    return [torch.einsum("bnc,hdc->bhnd", x, wi) + bi for wi, bi in zip(w, b)]
 
 
 def ref_logits(m, x):
@@ -243,6 +245,28 @@ def test_interpolate_at_the_built_grid_is_exactly_the_plain_result(variant):
     assert torch.equal(interp(x), plain(x))
     interp.token_grid = (4, 3)  # same count, other grid: resampled
     assert not torch.allclose(interp(x), plain(x), atol=1e-6)
+
+
+def test_interpolate_false_refuses_another_grid_of_the_same_size():
+    plain = build({**VARIANTS["random"], "interpolate": False})
+    plain.token_grid = (4, 3)  # 12 grid tokens like the built 3 x 4, but transposed
+    with pytest.raises(ValueError, match="built for 1 prefix \\+ 3x4 grid but got 1 prefix \\+ 4x3 grid.*interpolate: true"):
+        plain(torch.randn(1, N, DIM, dtype=torch.float64))
+
+
+def test_vit_tells_its_layers_the_grid_height_first():
+    """A 48 x 32 input to a ViT built for 32 x 32 (patch 4): a (12, 8) grid, resampled bilinearly."""
+    torch.manual_seed(0)
+    model = vitzoo.create_model("vit_cifar", attention="synth_random", depth=1).double().eval()
+    layer = model.blocks[0].attn
+    seen = {}
+    layer.register_forward_hook(lambda m, args, out: seen.update(x=args[0]))
+    with torch.no_grad():
+        model(torch.randn(1, 3, 48, 32, dtype=torch.float64))
+    assert layer.token_grid == (12, 8)
+    want = ref_resample_last(ref_resample_last(layer.synth.weight, (8, 8), (12, 8)).transpose(-1, -2), (8, 8), (12, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(seen["x"]), ref_output(layer, seen["x"], want.transpose(-1, -2)[None]))
 
 
 # -- backbones --------------------------------------------------------------------------------------

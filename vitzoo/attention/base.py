@@ -87,11 +87,14 @@ class ZooAttention(nn.Module):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if head_dim is None:
-            if heads == "split" and dim % num_heads:
+            if dim % num_heads:
                 raise ValueError(
-                    f"dim={dim} is not divisible by num_heads={num_heads} with heads='split'; "
-                    f"set head_dim explicitly or choose num_heads dividing {dim}")
+                    f"dim={dim} is not divisible by num_heads={num_heads}; set the attention option head_dim "
+                    f"(e.g. attention={{'name': ..., 'head_dim': {max(1, dim // num_heads)}}}) or choose num_heads "
+                    f"dividing {dim}")
             head_dim = dim // num_heads
+        if int(head_dim) != head_dim or head_dim < 1:
+            raise ValueError(f"head_dim must be a positive integer, got {head_dim!r}")
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError("qk_norm / scale_norm need a norm_layer")
         if logit_noise < 0:

@@ -287,15 +287,17 @@ class SynthesizerAttention(ZooAttention):
     def target_layout(self, num_tokens: int) -> Layout:
         """The layout of an input of ``num_tokens`` tokens (the built one when nothing changed)."""
         built = self.built_layout
-        if num_tokens == built.tokens:
-            grid = self.token_grid
-            if not self.interpolate or grid is None or grid[0] * grid[1] != built.h * built.w:
-                return built
-            return Layout(built.prefix, *grid)
-        if not self.interpolate:
+        grid = self.token_grid
+        if num_tokens == built.tokens and (grid is None or grid[0] * grid[1] != built.h * built.w):
+            return built  # no grid given for this input (a plain token sequence): the built layout
+        if num_tokens != built.tokens and not self.interpolate:
             raise ValueError(f"{type(self).__name__} was built for {built.tokens} tokens ({built}) but got "
                              f"{num_tokens}; set interpolate: true to resample its logits to the new grid")
-        return Layout(built.prefix, *self.current_grid(num_tokens))
+        target = Layout(built.prefix, *self.current_grid(num_tokens))
+        if target != built and not self.interpolate:
+            raise ValueError(f"{type(self).__name__} was built for {built} but got {target} "
+                             f"({num_tokens} tokens); set interpolate: true to resample its logits to the new grid")
+        return target
 
     def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
         """Noiseless logits B (+ mask) for the current input: (B|1, H, N, N), fp32 or wider."""

@@ -65,7 +65,7 @@ class NonLocalResNet(ResNet):
         for stage in nonlocal_stages:
             layer = getattr(self, f"layer{stage}")
             info = self.feature_info[stage]
-            grid = (img[0] // info["reduction"], img[1] // info["reduction"])
+            grid = (_feature_side(img[0], info["reduction"]), _feature_side(img[1], info["reduction"]))
             after = _spread(len(layer), nonlocal_per_stage)
             blocks = []
             for i, block in enumerate(layer):
@@ -73,6 +73,13 @@ class NonLocalResNet(ResNet):
                 if i in after:
                     blocks.append(NonLocalBlock(info["num_chs"], attention, nonlocal_reduction, nonlocal_heads, grid))
             setattr(self, f"layer{stage}", nn.Sequential(*blocks))
+
+
+def _feature_side(side: int, reduction: int) -> int:
+    """A feature map's side after ``log2(reduction)`` stride-2 layers (each rounds up, like timm's padded convs)."""
+    while reduction > 1:
+        side, reduction = -(-side // 2), reduction // 2
+    return side
 
 
 def _spread(num_blocks: int, count: int) -> set:
