@@ -79,8 +79,10 @@ def test_config_is_timm_hub_layout_with_the_full_attention_spec(tmp_path):
     out = export_checkpoint(_checkpoint(tmp_path / "a.ckpt", attention=spec), tmp_path / "export")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architecture"] == "vit_cifar" and cfg["num_classes"] == 5 and cfg["num_features"] == 32
-    assert cfg["model_args"]["attention"] == spec
+    assert cfg["model_args"]["attention"] == {**spec, "train_tokens": 65}  # log-n pinned at 1 + (32 / 4)^2 tokens
     assert cfg["model_args"]["img_size"] == [32, 32] and cfg["model_args"]["depth"] == 4
+    assert {k: cfg["model_args"][k] for k in ("patch_size", "embed_dim", "num_heads", "mlp_ratio")} == \
+        {"patch_size": 4, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2.0}  # the shape, not only the defaults
     pcfg = cfg["pretrained_cfg"]
     assert pcfg["input_size"] == [3, 32, 32] and pcfg["num_classes"] == 5
     assert pcfg["mean"] == [0.1, 0.2, 0.3] and pcfg["std"] == [0.4, 0.5, 0.6]
@@ -189,29 +191,59 @@ def exported(tmp_path):
     return export_model(_small_vit("softmax"), tmp_path / "export")
 
 
-def test_truncated_weights_name_the_fix(exported):
+def _smp_dpt(export_dir):
+    import segmentation_models_pytorch as smp
+    return smp.DPT(encoder_name=f"tu-local-dir:{export_dir}", encoder_weights=True, classes=2)
+
+
+# Every way a user loads an export reports a damaged one the same way.
+LOADERS = {"load_exported": load_exported,
+           "timm": lambda d: timm.create_model(f"local-dir:{d}", pretrained=True),
+           "timm_features": lambda d: timm.create_model(f"local-dir:{d}", pretrained=True, features_only=True),
+           "smp_dpt": _smp_dpt}
+
+
+@pytest.mark.parametrize("load", LOADERS.values(), ids=LOADERS)
+def test_truncated_weights_name_the_fix(exported, load):
     weights = exported / WEIGHTS_NAME
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ValueError, match=r"truncated or corrupted.*python -m vitzoo.export"):
-        load_exported(exported)
+        load(exported)
 
 
-def test_corrupted_weights_fail_the_checksum(exported):
+@pytest.mark.parametrize("load", LOADERS.values(), ids=LOADERS)
+def test_corrupted_weights_fail_the_checksum(exported, load):
     weights = exported / WEIGHTS_NAME
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"does not match the checksum.*python -m vitzoo.export"):
-        load_exported(exported)
+        load(exported)
 
 
-def test_unknown_mechanism_in_config_names_the_valid_ones(exported):
+@pytest.mark.parametrize("load", LOADERS.values(), ids=LOADERS)
+def test_unknown_mechanism_in_config_names_the_valid_ones(exported, load):
     cfg_file = exported / "config.json"
     cfg = json.loads(cfg_file.read_text())
     cfg["model_args"]["attention"] = {"name": "performer"}
     cfg_file.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"unknown attention 'performer'; choose one of .*softmax.*model_args"):
-        load_exported(exported)
+    with pytest.raises(ValueError, match=r"unknown attention 'performer'; choose one of .*softmax"):
+        load(exported)
+
+
+@pytest.mark.parametrize("attention", [{"name": "softmax", "scale": "log_n"},
+                                       {"name": "synth_mix", "parts": ["random", "softmax"], "scale": "log_n"}],
+                         ids=["softmax", "synth_mix"])
+def test_log_n_scale_keeps_its_training_length_when_a_loader_passes_img_size(attention, tmp_path):
+    """smp / mmseg may pass img_size: the log-n scale must still be calibrated at the training token count."""
+    model = _small_vit(attention)
+    export_model(model, tmp_path, head=False)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        want = model.forward_intermediates(x, indices=[3], intermediates_only=True)[0]
+        resized = timm.create_model(f"local-dir:{tmp_path}", pretrained=True, img_size=64).eval()
+        got = resized.forward_intermediates(x, indices=[3], intermediates_only=True)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_missing_export_dir_names_the_command(tmp_path):

@@ -42,6 +42,10 @@ class SoftmaxAttention(ZooAttention):
         check_scale(scale, self.train_tokens)
         self.fused = fused
 
+    @property
+    def uses_log_n(self) -> bool:
+        return self.scale_mode == "log_n"
+
     def logit_scale(self, num_keys: int) -> float:
         return logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
 

@@ -244,6 +244,10 @@ class DotProductLogits(nn.Module):
         check_scale(scale, train_tokens)
         self.head_dim, self.scale, self.train_tokens = head_dim, scale, train_tokens
 
+    @property
+    def uses_log_n(self) -> bool:
+        return self.scale == "log_n"
+
     def forward(self, x, q, k, layout) -> torch.Tensor:
         s = logit_scale(self.scale, self.head_dim, k.shape[-2], self.train_tokens)
         return (AF.acc(q) * s) @ AF.acc(k).transpose(-2, -1)

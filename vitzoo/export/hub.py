@@ -22,7 +22,7 @@ from timm.models._hub import save_config_for_hf
 import vitzoo
 from vitzoo.attention import resolve_attention
 
-__all__ = ["export_model", "load_exported", "check_export", "WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = ["export_model", "load_exported", "check_export", "verify_local_dir", "WEIGHTS_NAME", "CONFIG_NAME"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -50,8 +50,33 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
               metadata={"format": "pt"})
     info = {"version": vitzoo.__version__, "weights_sha256": _sha256(weights)}
     save_config_for_hf(model, str(out / CONFIG_NAME), model_config={"vitzoo": info},
-                       data_config=dict(data_config or {}))
+                       model_args=_pinned_args(model), data_config=dict(data_config or {}))
     return out
+
+
+def _pinned_args(model: nn.Module) -> Dict[str, Any]:
+    """Construction arguments that would otherwise come from defaults or from ``img_size``, written out so an
+    export keeps computing the same function: the ViT shape, and the log-n scale's training token count
+    (else a loader passing another ``img_size``, e.g. smp or mmseg, would rescale the logits)."""
+    from vitzoo.models.vit import VIT_ARCHS
+
+    arch = model.pretrained_cfg.get("architecture")
+    args = {k: v for k, v in VIT_ARCHS.get(arch, {}).items() if k not in ("img_size", "num_classes")}
+    args.update({k: v for k, v in model._model_args.items() if k in args})
+    spec = model._model_args.get("attention")
+    train_tokens = {m.train_tokens for m in model.modules() if getattr(m, "uses_log_n", False)}
+    if spec is not None and len(train_tokens) == 1:  # ViTs; non-local stages each have their own grid
+        spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+        args["attention"] = {**spec, "train_tokens": train_tokens.pop()}
+    return args
+
+
+def verify_local_dir(pretrained: bool, pretrained_cfg: Any) -> None:
+    """Called by the zoo's model builders: a ``local-dir:`` export is checked (checksum, config) before timm
+    loads it, so a corrupted file fails with the same clear error as ``load_exported``."""
+    cfg = pretrained_cfg.to_dict() if hasattr(pretrained_cfg, "to_dict") else pretrained_cfg
+    if pretrained and isinstance(cfg, Mapping) and cfg.get("source") == "local-dir" and cfg.get("file"):
+        check_export(cfg["file"])
 
 
 def check_export(export_dir: Union[str, Path]) -> Dict[str, Any]:

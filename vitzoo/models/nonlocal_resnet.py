@@ -10,6 +10,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from vitzoo.attention import AttentionSpec, resolve_attention
+from vitzoo.export.hub import verify_local_dir
 
 __all__ = ["NonLocalBlock", "NonLocalResNet"]
 
@@ -90,6 +91,7 @@ def _spread(num_blocks: int, count: int) -> set:
 
 
 def _create(variant: str, pretrained: bool, block, layers, **kwargs):
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
     return build_model_with_cfg(NonLocalResNet, variant, pretrained, block=block, layers=layers, **kwargs)
 
 

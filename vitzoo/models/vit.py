@@ -8,6 +8,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
+from vitzoo.export.hub import verify_local_dir
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
 
@@ -35,6 +36,7 @@ def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
 
 
 def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs):
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
     img_size = to_2tuple(kwargs.get("img_size", 224))
     patch_size = to_2tuple(kwargs.get("patch_size", 16))
     grid = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
