@@ -216,34 +216,45 @@ def test_bad_inputs_raise_errors_that_name_the_fix():
         fused_linear_attention(q, k, v, impl="torch", chunk=0)
 
 
+# (feature map, B, H, Nq, Nk, D, Dv, layout, inputs that want gradients); bhnd: contiguous, bnhd: a
+# (B, N, H, D) tensor transposed, packed: timm's (B, N, 3, H, D) qkv tensor (Nq = Nk, D = Dv)
+TRITON_CASES = [
+    *[(fm, b, h, n, n, d, dv, "bhnd", "qkv") for fm in ("elu", "relu")
+      for b, h, n, d, dv in [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (2, 1, 130, 16, 24), (1, 2, 70, 64, 64)]],
+    ("elu", 2, 3, 200, 300, 48, 80, "bhnd", "qkv"),  # several splits on both sides (interpreter: 64-token blocks)
+    ("relu", 1, 1, 300, 90, 20, 20, "bnhd", "qkv"),  # several blocks per split in the dq kernel
+    ("elu", 2, 2, 33, 65, 20, 48, "bnhd", "q"),
+    ("relu", 2, 2, 65, 33, 48, 16, "bhnd", "k"),
+    ("elu", 2, 2, 45, 45, 32, 32, "packed", "v"),
+]
+
 _TRITON_SCRIPT = textwrap.dedent("""
-    import json, os
+    import json, os, sys
     assert os.environ["TRITON_INTERPRET"] == "1"
     import torch
     from vitzoo.kernels import fused_linear_attention
-    from test_kernels import assert_close_rel, grads, make_qkv, reference
+    from test_kernels import assert_close_rel, grads, reference
+
+    def inputs(b, h, nq, nk, d, dv, layout):
+        g = torch.Generator().manual_seed(0)
+        if layout == "packed":
+            return torch.randn(b, nq, 3, h, d, generator=g).permute(2, 0, 3, 1, 4).unbind(0)
+        if layout == "bnhd":
+            return [torch.randn(b, n, h, w, generator=g).transpose(1, 2) for n, w in ((nq, d), (nk, d), (nk, dv))]
+        return [torch.randn(b, h, n, w, generator=g) for n, w in ((nq, d), (nk, d), (nk, dv))]
 
     checked = []
-    for fm in ("elu", "relu"):
-        for b, h, n, d, dv in [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (2, 1, 130, 16, 24), (1, 2, 70, 64, 64)]:
-            q, k, v = make_qkv(b, h, n, d, dv)
-            out = fused_linear_attention(q, k, v, fm, impl="triton")
-            ref = reference(q, k, v, fm)
-            assert out.dtype == torch.float32
-            assert_close_rel(out, ref, 1e-5)
-            for g, g_ref in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
-                assert_close_rel(g, g_ref, 1e-4)
-            assert torch.equal(fused_linear_attention(q, k, v, fm, impl="triton"), out)  # deterministic
-            checked.append([fm, b, h, n, d, dv])
-    # strided inputs (timm's qkv layout) and gradients for v only
-    qkv = torch.randn(2, 45, 3, 2, 32)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    v = v.clone().requires_grad_(True)
-    out = fused_linear_attention(q, k, v, "elu", impl="triton")
-    assert_close_rel(out, reference(q, k, v), 1e-5)
-    (dv,) = grads(out, (v,))
-    (dv_ref,) = grads(reference(q, k, v), (v,))
-    assert_close_rel(dv, dv_ref, 1e-4)
+    for fm, b, h, nq, nk, d, dv, layout, wanted in json.loads(sys.argv[1]):
+        q, k, v = inputs(b, h, nq, nk, d, dv, layout)
+        chosen = [t.requires_grad_(True) for t, name in zip((q, k, v), "qkv") if name in wanted]
+        out = fused_linear_attention(q, k, v, fm, impl="triton")
+        ref = reference(q, k, v, fm)
+        assert out.shape == (b, h, nq, dv) and out.dtype == torch.float32
+        assert_close_rel(out, ref, 1e-5)
+        for g, g_ref in zip(grads(out, chosen), grads(ref, chosen), strict=True):
+            assert_close_rel(g, g_ref, 1e-4)
+        assert torch.equal(fused_linear_attention(q, k, v, fm, impl="triton"), out)  # deterministic
+        checked.append(fm)
     try:
         fused_linear_attention(q, k, v, "taylor", impl="triton")
         taylor = "ran"
@@ -255,12 +266,30 @@ _TRITON_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.skipif(not triton_available(), reason="triton does not import here")
 def test_triton_kernels_under_the_interpreter():
-    """Forward and backward Triton kernels (elu, relu) in fp32 vs the float64 reference."""
+    """Forward and backward Triton kernels (elu, relu) in fp32 vs the float64 reference, on TRITON_CASES."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
         [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, json.dumps(TRITON_CASES)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(report["checked"]) == 8
+    assert len(report["checked"]) == len(TRITON_CASES)
     assert "impl='torch'" in report["taylor"]
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton does not import here")
+def test_triton_launch_grids_fit_cuda_limits():
+    """B*H goes on grid axis 0 (up to 2^31 - 1), so axes 1 and 2 stay within CUDA's 65,535 for any B*H."""
+    from vitzoo.kernels.triton_linear import REDUCE_BLOCK_N, _block_grid, _split
+
+    for bh, n in [(1, 1), (1, 16384), (1, 2**22), (64, 16384), (200_000, 1), (200_000, 16384)]:
+        for block in (32, 64, 128):
+            assert _block_grid(bh, n)({"BLOCK_N": block}) == (bh * -(-n // block),)
+            assert bh * -(-n // block) < 2**31
+        for sms in (None, 132):
+            splits, per_split = _split(bh, n, sms)  # the reductions' grid is (bh, splits)
+            assert 1 <= splits <= 65535 and per_split % REDUCE_BLOCK_N == 0
+            assert (splits - 1) * per_split < n <= splits * per_split
+            if sms and bh * n >= 4 * sms * 512:  # enough work: >= 512 tokens a split, >= 2 programs per SM
+                assert per_split >= 512 and bh * splits >= 2 * sms
+    assert _split(1, 16384, 132) == (32, 512)  # 0.5 MB of fp32 partials at D = Dv = 64, not 4 MB

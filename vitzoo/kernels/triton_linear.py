@@ -6,6 +6,9 @@ over (batch*heads, splits) programs and writes fp32 partials that are summed in 
 Backward (same notation as ``torch_linear``) recomputes the features: ``_dq_kernel`` reads q, dO
 once, writes dq and partials of [dS | dz]; ``_dkv_kernel`` reads k, v once and writes dk, dv.
 Only q, k, v, S, z are saved. Feature maps: elu (+1) and relu; head dims up to 128.
+Launches: batch*heads on grid axis 0 (CUDA caps axes 1 and 2 at 65,535), 64-bit token offsets,
+autotuning keyed on a power-of-two bucket of the token count; the reductions' token block and warp
+count are fixed, so S, z, dS, dz have the same bits in every process.
 """
 from __future__ import annotations
 
@@ -20,16 +23,23 @@ __all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM"]
 
 TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1}
 MAX_HEAD_DIM = 128
+REDUCE_BLOCK_N = 64  # token block of the reduction kernels: fixed, as it sets the summation order
 
 
-def _configs():
+def _block_configs():
+    """Per-token-block kernels (output, dk/dv): no loop, so there is no pipelining depth to tune."""
     if triton_interpreting():  # one config: the interpreter is slow and has nothing to tune
         return [triton.Config({"BLOCK_N": 32}, num_warps=4)]
-    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bn in (64, 128) for w in (4, 8) for s in (2, 3)]
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w) for bn in (64, 128) for w in (4, 8)]
 
 
-_KEY = ["N", "D", "DV"]
+def _reduce_configs():
+    """Reduction kernels (state, dq): BLOCK_N and num_warps come from the launch; only the pipelining
+    depth, which leaves the arithmetic unchanged, is tuned."""
+    return [triton.Config({}, num_warps=None, num_stages=s) for s in ((2,) if triton_interpreting() else (2, 3, 4))]
+
+
+_KEY = ["N_BUCKET", "D", "DV"]  # N_BUCKET = _pow2(N), unused in the kernels: one tuning per bucket
 
 
 @triton.jit
@@ -47,13 +57,26 @@ def _dphi(x, FEATURE: tl.constexpr):
 
 
 @triton.jit
-def _tile(ptr, stride_n, stride_d, offs_n, offs_d, mask):
-    return tl.load(ptr + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+def _ptrs(ptr, stride_n, stride_d, offs_n, offs_d):
+    """Pointers of a (tokens, dims) tile; 64-bit token offsets (n * stride_n passes 2^31 at ~1M packed-qkv tokens)."""
+    return ptr + (offs_n.to(tl.int64)[:, None] * stride_n + offs_d[None, :] * stride_d)
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
 @triton.jit
-def _state_kernel(K, V, PS, PZ, N, H, per_split,
+def _tile(ptr, stride_n, stride_d, offs_n, offs_d, mask):
+    return tl.load(_ptrs(ptr, stride_n, stride_d, offs_n, offs_d), mask=mask, other=0.0)
+
+
+@triton.jit
+def _block_ids(N, BLOCK_N: tl.constexpr):
+    """(batch*head, token block) of a program on the flat grid of ``_block_grid``."""
+    pid, blocks = tl.program_id(0), tl.cdiv(N, BLOCK_N)
+    return (pid // blocks).to(tl.int64), pid % blocks
+
+
+@triton.autotune(configs=_reduce_configs(), key=_KEY)
+@triton.jit
+def _state_kernel(K, V, PS, PZ, N, N_BUCKET, H, per_split,
                   skb, skh, skn, skd, svb, svh, svn, svd,
                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -80,13 +103,13 @@ def _state_kernel(K, V, PS, PZ, N, H, per_split,
     tl.store(PZ + part * D + offs_d, acc_z, mask=offs_d < D)
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
+@triton.autotune(configs=_block_configs(), key=_KEY)
 @triton.jit
-def _output_kernel(Q, S, Z, O, N, H, eps,
+def _output_kernel(Q, S, Z, O, N, N_BUCKET, H, eps,
                    sqb, sqh, sqn, sqd, sob, soh, son, sod,
                    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
-    blk, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    bh, blk = _block_ids(N, BLOCK_N)
     b, h = bh // H, bh % H
     offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -97,14 +120,13 @@ def _output_kernel(Q, S, Z, O, N, H, eps,
     fq = tl.where(mq, _phi(_tile(Q + b * sqb + h * sqh, sqn, sqd, offs_n, offs_d, mq).to(tl.float32), FEATURE), 0.0)
     den = tl.sum(fq * z[None, :], axis=1) + eps
     out = tl.dot(fq, s, input_precision=PREC) / den[:, None]
-    O += b * sob + h * soh
-    tl.store(O + offs_n[:, None] * son + offs_e[None, :] * sod, out.to(O.dtype.element_ty),
+    tl.store(_ptrs(O + b * sob + h * soh, son, sod, offs_n, offs_e), out.to(O.dtype.element_ty),
              mask=rows[:, None] & me[None, :])
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
+@triton.autotune(configs=_reduce_configs(), key=_KEY)
 @triton.jit
-def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, H, per_split, eps,
+def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, N_BUCKET, H, per_split, eps,
                sqb, sqh, sqn, sqd, sob, soh, son, sod, sgb, sgh, sgn, sgd,
                D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DQ: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -136,20 +158,20 @@ def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, H, per_split, eps,
         acc_z -= tl.sum(fq * w[:, None], axis=0)
         if NEED_DQ:
             dq = (a - w[:, None] * z[None, :]) * _dphi(q, FEATURE)
-            tl.store(DQ + offs_n[:, None] * sgn + offs_d[None, :] * sgd, dq.to(DQ.dtype.element_ty), mask=mq)
+            tl.store(_ptrs(DQ, sgn, sgd, offs_n, offs_d), dq.to(DQ.dtype.element_ty), mask=mq)
     part = bh * splits + split
     tl.store(PS + part * D * DV + offs_d[:, None] * DV + offs_e[None, :], acc_s, mask=md[:, None] & me[None, :])
     tl.store(PZ + part * D + offs_d, acc_z, mask=md)
 
 
-@triton.autotune(configs=_configs(), key=_KEY)
+@triton.autotune(configs=_block_configs(), key=_KEY)
 @triton.jit
-def _dkv_kernel(K, V, DS, DZ, DK, DV_, N, H,
+def _dkv_kernel(K, V, DS, DZ, DK, DV_, N, N_BUCKET, H,
                 skb, skh, skn, skd, svb, svh, svn, svd, sgb, sgh, sgn, sgd, swb, swh, swn, swd,
                 D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr,
                 BLOCK_N: tl.constexpr):
-    blk, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    bh, blk = _block_ids(N, BLOCK_N)
     b, h = bh // H, bh % H
     offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -160,28 +182,38 @@ def _dkv_kernel(K, V, DS, DZ, DK, DV_, N, H,
     if NEED_DV:
         fk = tl.where(mk, _phi(k, FEATURE), 0.0)
         dv = tl.dot(fk, ds, input_precision=PREC)
-        tl.store(DV_ + b * swb + h * swh + offs_n[:, None] * swn + offs_e[None, :] * swd,
-                 dv.to(DV_.dtype.element_ty), mask=mv)
+        tl.store(_ptrs(DV_ + b * swb + h * swh, swn, swd, offs_n, offs_e), dv.to(DV_.dtype.element_ty), mask=mv)
     if NEED_DK:
         dz = tl.load(DZ + bh * D + offs_d, mask=md, other=0.0)
         v = _tile(V + b * svb + h * svh, svn, svd, offs_n, offs_e, mv).to(tl.float32)
         dk = (tl.dot(v, tl.trans(ds), input_precision=PREC) + dz[None, :]) * _dphi(k, FEATURE)
-        tl.store(DK + b * sgb + h * sgh + offs_n[:, None] * sgn + offs_d[None, :] * sgd,
-                 dk.to(DK.dtype.element_ty), mask=mk)
+        tl.store(_ptrs(DK + b * sgb + h * sgh, sgn, sgd, offs_n, offs_d), dk.to(DK.dtype.element_ty), mask=mk)
 
 
 def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _split(bh: int, n: int, device: torch.device):
-    """(splits, tokens per split) for the token reductions: enough programs to fill the device."""
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:  # interpreter: a few splits, so that the partial reduction is exercised
-        target = 4 * bh
-    per_split = triton.cdiv(n, max(1, min(triton.cdiv(n, 64), triton.cdiv(target, bh))))
+def _block_grid(bh: int, n: int):
+    """Flat grid of the per-token-block kernels: B*H x blocks on axis 0 (CUDA allows 2^31 - 1 there)."""
+    return lambda meta: (bh * triton.cdiv(n, meta["BLOCK_N"]),)
+
+
+def _split(bh: int, n: int, sms: int | None):
+    """(splits, tokens per split, a multiple of REDUCE_BLOCK_N) of the reductions' grid (B*H, splits).
+
+    With ``sms`` (the GPU's SM count): up to ~4 programs per SM; without (interpreter): up to 4 splits of
+    >= one block, so that the partial sums are exercised.
+    """
+    # >= 512 tokens a split: partials ~1/8 of the bf16 k, v read (D=Dv=64); idle SMs (of 132) only if B*H*n < 64k
+    target, min_tokens = (4 * sms, 512) if sms else (4 * bh, REDUCE_BLOCK_N)
+    splits = max(1, min(triton.cdiv(n, min_tokens), triton.cdiv(target, bh)))
+    per_split = triton.cdiv(triton.cdiv(n, splits), REDUCE_BLOCK_N) * REDUCE_BLOCK_N
     return triton.cdiv(n, per_split), per_split
+
+
+def _sms(device: torch.device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 def _partials(bh: int, splits: int, d: int, dv: int, device):
@@ -196,34 +228,38 @@ def _meta(q, v, feature_map: str):
                 PREC=prec)
 
 
+def _reduce_meta(meta):
+    """The reductions' fixed launch: the token block; 8 warps above 32x32 state tiles (4 spill in dq on sm_90)."""
+    return dict(BLOCK_N=REDUCE_BLOCK_N, num_warps=4 if meta["BLOCK_D"] * meta["BLOCK_DV"] <= 32 * 32 else 8)
+
+
 def _forward(q, k, v, feature_map: str, eps: float):
-    B, H, N, d = q.shape
+    (B, H, N, d), nk = q.shape, k.shape[2]
     meta = _meta(q, v, feature_map)
-    splits, per_split = _split(B * H, k.shape[2], q.device)
+    splits, per_split = _split(B * H, nk, _sms(q.device))
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
-    _state_kernel[(B * H, splits)](k, v, ps, pz, k.shape[2], H, per_split, *k.stride(), *v.stride(), **meta)
+    _state_kernel[(B * H, splits)](k, v, ps, pz, nk, _pow2(nk), H, per_split, *k.stride(), *v.stride(), **meta,
+                                   **_reduce_meta(meta))
     S, z = ps.sum(1), pz.sum(1)  # fixed-order sum of the partials: deterministic
     out = torch.empty(B, H, N, v.shape[-1], device=q.device, dtype=v.dtype)
-    grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), B * H)
-    _output_kernel[grid](q, S, z, out, N, H, eps, *q.stride(), *out.stride(), **meta)
+    _output_kernel[_block_grid(B * H, N)](q, S, z, out, N, _pow2(N), H, eps, *q.stride(), *out.stride(), **meta)
     return out, S, z
 
 
 def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
-    B, H, N, d = q.shape
+    (B, H, N, d), nk = q.shape, k.shape[2]
     meta = _meta(q, v, feature_map)
     dq = torch.empty_like(q) if needs[0] else q  # q: a pointer that is never written
-    splits, per_split = _split(B * H, N, q.device)
+    splits, per_split = _split(B * H, N, _sms(q.device))
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
-    _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, H, per_split, eps, *q.stride(), *dout.stride(),
-                                *dq.stride(), NEED_DQ=needs[0], **meta)
+    _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, _pow2(N), H, per_split, eps, *q.stride(),
+                                *dout.stride(), *dq.stride(), NEED_DQ=needs[0], **meta, **_reduce_meta(meta))
     dS, dz = ps.sum(1), pz.sum(1)
     dk = torch.empty_like(k) if needs[1] else k  # never written when not needed
     dv = torch.empty_like(v) if needs[2] else v
     if needs[1] or needs[2]:
-        grid = lambda m: (triton.cdiv(k.shape[2], m["BLOCK_N"]), B * H)
-        _dkv_kernel[grid](k, v, dS, dz, dk, dv, k.shape[2], H, *k.stride(), *v.stride(), *dk.stride(), *dv.stride(),
-                          NEED_DK=needs[1], NEED_DV=needs[2], **meta)
+        _dkv_kernel[_block_grid(B * H, nk)](k, v, dS, dz, dk, dv, nk, _pow2(nk), H, *k.stride(), *v.stride(),
+                                            *dk.stride(), *dv.stride(), NEED_DK=needs[1], NEED_DV=needs[2], **meta)
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None)
 
 
