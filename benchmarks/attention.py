@@ -4,9 +4,11 @@
     python benchmarks/attention.py --max-n 4096 --reps 3 --no-memory
     python benchmarks/attention.py --device cuda --dtype bf16 --batch 64 --heads 1   # the GPU target
     python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8 inference
+    python benchmarks/attention.py --e2e-only            # only that
 
-Mechanisms: softmax (SDPA), linear eager (the plain formula), linear fused (torch path; and the
-Triton kernels on CUDA) and efficient attention. Mechanisms are interleaved within each
+Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is
+often written), linear eager (vitzoo's reference formula, matmul-shaped), linear fused (torch path;
+and the Triton kernels on CUDA) and efficient attention. Mechanisms are interleaved within each
 repetition; a time is the best of the repetitions (``--stat min``, timeit's advice: on a shared
 machine noise only adds time) or their median (``--stat median``); ratios are against the fused
 linear path of the same run. Peak memory is the peak above the inputs:
@@ -30,13 +32,25 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from vitzoo.attention import functional as AF
 
 MODES = ("fwd", "fwd+bwd")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def linear_naive(q, k, v, eps: float = 1e-6):
+    """elu+1 linear attention as it is often written: features materialised, an einsum chain."""
+    fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    kv = torch.einsum("bhnd,bhne->bhde", fk, v)
+    inv_den = 1 / (torch.einsum("bhnd,bhd->bhn", fq, fk.sum(dim=2)) + eps)
+    return torch.einsum("bhnd,bhde,bhn->bhne", fq, kv, inv_den)
+
+
 MECHANISMS = {
     "softmax": lambda q, k, v: AF.softmax_attention(q, k, v),
+    "linear_naive": linear_naive,
     "linear_eager": lambda q, k, v: AF.linear_attention(q, k, v, impl="eager"),
     "linear_torch": lambda q, k, v: AF.linear_attention(q, k, v, impl="torch"),
     "linear_triton": lambda q, k, v: AF.linear_attention(q, k, v, impl="triton"),
@@ -62,6 +76,7 @@ def parse_args(argv=None):
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--out", default="benchmarks/results", help="folder for the CSV and PNG")
     p.add_argument("--e2e", action="store_true", help="also time ViT-Tiny 1024x1024/8 inference, linear vs softmax")
+    p.add_argument("--e2e-only", action="store_true", help="only the end-to-end comparison (no sweep)")
     p.add_argument("--e2e-reps", type=int, default=2)
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -310,24 +325,27 @@ def e2e(args) -> None:
     """ViT-Tiny at 1024x1024, patch 8 (16,384 tokens): inference time, linear vs softmax, interleaved."""
     import vitzoo
 
-    if not hasattr(vitzoo, "create_model"):
-        print("\n--e2e: vitzoo.create_model is not available yet; skipped")
-        return
     models = {att: vitzoo.create_model("vit_tiny", attention=att, img_size=1024, patch_size=8).eval().to(args.device)
               for att in ("linear", "softmax")}
     x = torch.randn(1, 3, 1024, 1024, device=args.device)
     samples = {att: [] for att in models}
-    with torch.inference_mode():
+    autocast = torch.autocast(args.device.type, dtype=args.dtype, enabled=args.dtype != torch.float32)
+    with torch.inference_mode(), autocast:
         for rep in range(args.e2e_reps + 1):  # the first round is the warm-up
             for att, model in models.items():
                 t = timed(lambda: model(x), args.device)
                 if rep:
                     samples[att].append(t)
     lin, soft = (summarise(samples[a], args) for a in ("linear", "softmax"))
-    print(f"\n## end to end: ViT-Tiny 1024x1024 patch 8 (16,384 tokens), batch 1 inference, {args.device.type}, "
-          f"{args.stat} of {args.e2e_reps}")
+    print(f"\n## end to end: ViT-Tiny 1024x1024 patch 8 (16,384 tokens), batch 1 inference, {args.device.type} "
+          f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps}")
     print(f"| vit_linear ms | vit_softmax ms | softmax / linear |\n|---|---|---|\n"
           f"| {lin * 1e3:.0f} | {soft * 1e3:.0f} | {soft / lin:.1f}x |")
+    out = Path(args.out) / f"attention_{args.device.type}_e2e.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"device,dtype,model,img_size,patch_size,tokens,vit_linear_ms,vit_softmax_ms,ratio\n"
+                   f"{args.device.type},{str(args.dtype)[6:]},vit_tiny,1024,8,16384,{lin * 1e3:.1f},{soft * 1e3:.1f},"
+                   f"{soft / lin:.2f}\n")
 
 
 def main(argv=None) -> None:
@@ -336,6 +354,8 @@ def main(argv=None) -> None:
     if args.memory_worker:
         return memory_worker(args)
     torch.manual_seed(0)
+    if args.e2e_only:
+        return e2e(args)
     floor_rate = (lambda: matmul_rate(args.device, torch.float32)) if args.device.type == "cpu" else (
         lambda: copy_bandwidth(args.device))
     rate = floor_rate()
