@@ -171,7 +171,10 @@ def _state(k, v, fm: FeatureMap, chunk: int):
     Kept as one tensor: one (F x Dv+1) matmul then yields [phi(q) S | phi(q).z] at once."""
     def step(s, e, buf):
         fk, _ = fm.phi(_rows(k, s, e, buf, "k"), buf)
-        return torch.cat([torch.bmm(fk.mT, _rows(v, s, e, buf, "v")), fk.sum(1).unsqueeze(-1)], dim=-1)
+        v1 = buf("v1", fk.shape[:2] + (v.shape[-1] + 1,))  # [v | 1]: z comes out of the same matmul
+        v1[..., :-1].copy_(v[:, :, s:e].flatten(0, 1))
+        v1[..., -1].fill_(1.0)
+        return torch.bmm(fk.mT, v1)
     return _sweep(step, k.shape[2], chunk, k)
 
 
@@ -198,7 +201,7 @@ def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, need
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
     def q_step(s, e, buf):  # dq for tokens s:e and their share of [dS | dz]
         fq, aux = fm.phi(_rows(q, s, e, buf, "q"), buf)
-        den = _rowdot(fq, z, buf).add_(eps)
+        den = torch.bmm(fq, z.mT, out=buf("den", fq.shape[:2] + (1,))).add_(eps)
         gw = buf("gw", fq.shape[:2] + (dv_ + 1,))  # [g | -w]
         g = torch.div(_rows(dout, s, e, buf, "do"), den, out=gw[..., :dv_])
         a = torch.bmm(g, S.mT, out=buf("a", fq.shape))
