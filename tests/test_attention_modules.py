@@ -272,3 +272,14 @@ def test_bad_options_are_value_errors_naming_the_fix(spec, kwargs, fix):
 def test_log_n_scale_needs_a_training_token_count_outside_a_model():
     with pytest.raises(ValueError, match="train_tokens"):
         build_attention({"name": "softmax", "scale": "log_n"}, 16, num_heads=2)
+
+
+@pytest.mark.parametrize("name", ["softmax", "linear", "efficient"])
+def test_gradcheck_of_projected_head_modules(name):
+    torch.manual_seed(0)
+    m = build_attention({"name": name, "heads": "projected", "head_dim": 3, **({"fused": False} if name == "softmax"
+                                                                              else {})}, 8, num_heads=2).double()
+    x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    names = [n for n, _ in m.named_parameters()]
+    assert torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
+                                    (x, *m.parameters()))

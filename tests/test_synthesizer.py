@@ -343,3 +343,16 @@ def test_custom_factors_compute_the_outer_product():
     pre, b1, b2 = rows[..., :PREFIX], rows[..., PREFIX:PREFIX + 2], rows[..., PREFIX + 2:]
     grid = torch.einsum("bhnr,bhnc->bhnrc", b1, b2).flatten(-2)
     torch.testing.assert_close(m(x), ref_output(m, x, torch.cat([pre, grid], -1)))
+
+
+@pytest.mark.parametrize("variant", ["mix", "dense", "factorized_random"])
+def test_gradcheck_through_the_logit_generators(variant):
+    """Analytic gradients of the whole module (input and every parameter) match finite differences."""
+    m = build(VARIANTS[variant], grid=(2, 2), prefix=1)
+    x = torch.randn(1, 5, DIM, dtype=torch.float64, requires_grad=True)
+    params = [p for p in m.parameters() if p.requires_grad]
+
+    def fn(x, *values):
+        return torch.func.functional_call(m, dict(zip([n for n, p in m.named_parameters() if p.requires_grad],
+                                                      values)), (x,))
+    assert torch.autograd.gradcheck(fn, (x, *params), fast_mode=True)
