@@ -130,3 +130,15 @@ def test_train_py_runs_the_segment_config(export_dir, tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file() and (tmp_path / "metrics.json").is_file()
     reloaded = SegmentationModule.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert reloaded.hparams.backbone == str(export_dir)
+
+
+def test_cifar_stem_resnet_export_segments_through_vitzoo(tmp_path):
+    """smp rejects the CIFAR stem's stride-1..8 pyramid (README); vitzoo's decoder takes any pyramid."""
+    torch.manual_seed(0)
+    export_model(vitzoo.create_model("nonlocal_resnet18_cifar", attention="linear", num_classes=0,
+                                     channels=[8, 16, 32, 64], stem_width=8), tmp_path)
+    backbone = create_backbone(str(tmp_path), out_indices=(1, 2, 3, 4))
+    assert backbone.feature_info.reduction() == [1, 2, 4, 8]
+    net = SegmentationNet(backbone, num_classes=3).eval()
+    with torch.no_grad():
+        assert net(torch.rand(1, 3, 48, 64)).shape == (1, 3, 48, 64)
