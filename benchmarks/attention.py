@@ -1,6 +1,6 @@
 """Attention cost vs tokens, measured side by side in one run: time, peak memory, fraction of the floor.
 
-    python benchmarks/attention.py                       # CPU, n = 256 .. 65536, B=1 H=3 D=64
+    python benchmarks/attention.py                       # CPU (then CUDA if present), n = 256 .. 65536, B=1 H=3 D=64
     python benchmarks/attention.py --max-n 4096 --reps 3 --no-memory
     python benchmarks/attention.py --device cuda --dtype bf16 --batch 64 --heads 1   # the GPU target
     python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8 inference
@@ -60,7 +60,7 @@ MECHANISMS = {
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--device", default="all", help="cpu, cuda, or all (default: cpu, then cuda when present)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=3)
@@ -94,6 +94,13 @@ def parse_args(argv=None):
     args.mechanisms = names
     args.sizes = [n for n in (2 ** e for e in range(4, 21)) if args.min_n <= n <= args.max_n]
     return args
+
+
+def parse_args_device(argv) -> str:
+    """The --device value alone (the other arguments' defaults depend on it)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--device", default="all")
+    return p.parse_known_args(argv)[0].device
 
 
 def fused_name(device: torch.device) -> str:
@@ -350,6 +357,10 @@ def e2e(args) -> None:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if parse_args_device(argv) == "all":
+        for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+            main([*argv, "--device", device])
+        return
     args = parse_args(argv)
     if args.memory_worker:
         return memory_worker(args)
