@@ -1,0 +1,455 @@
+"""The zoo benchmark: every mechanism trained with one recipe, then profiled, evaluated and tabulated.
+
+    python benchmarks/zoo.py --budget cpu --data ../shared/data/cifar10-train-jpg.tar.gz
+    python benchmarks/zoo.py --budget gpu --data /data/cifar10-jpg          # on a GPU machine
+    python benchmarks/zoo.py --budget cpu --data ... --phases report         # re-tabulate only
+
+Phases (``--phases``, default all, each skips what is already done, so a stopped run resumes):
+
+* ``train``: ``train.py experiment=zoo_<budget> model=<preset> seed=<s>`` for every preset and seed
+  (same data split, recipe and epochs; the budget adds the model size), one run dir each under
+  ``--work``. A run with ``metrics.json`` is done; one with only ``last.ckpt`` is resumed.
+* ``profile``: per run, in a fresh process: parameters, forward FLOPs per image (counted with
+  ``torch.utils.flop_counter`` on the eager twins, so the attention matmuls are seen), training
+  img/s (forward, backward, AdamW step on a batch of the recipe's size) and the peak resident
+  memory of those steps above the process's baseline.
+* ``eval``: one ``eval.py`` call over all final checkpoints (``last.ckpt``): clean accuracy,
+  Gaussian noise severities 1-5, the attention-logit noise sweep, the resolution sweep.
+* ``report``: ``results.md`` (table), ``results.csv`` and the eval plots into ``--out``.
+
+``--data`` is the CIFAR-10 JPEG tree (a folder holding ``train/<class>/*.jpg``) or its ``.tar.gz``,
+unpacked once to ``~/.cache/vitzoo/``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("train", "profile", "eval", "report")
+
+# (label in the table, Hydra model preset). The order is the table's.
+PRESETS: Tuple[Tuple[str, str], ...] = (
+    ("softmax", "vit_softmax"),
+    ("softmax, log-n scale", "vit_logn"),
+    ("softmax, projected heads", "vit_projected"),
+    ("softmax + logit noise 0.5", "vit_noisy"),
+    ("efficient", "vit_efficient"),
+    ("linear (elu+1)", "vit_linear"),
+    ("linear (relu)", "vit_linear_relu"),
+    ("taylor (1+cos)", "vit_taylor"),
+    ("synth random", "vit_synth_random"),
+    ("synth random, fixed", "vit_synth_fixed"),
+    ("synth dense", "vit_synth_dense"),
+    ("synth mix (random+softmax)", "vit_synth_mix"),
+    ("non-local ResNet, softmax", "nonlocal_resnet_softmax"),
+    ("non-local ResNet, linear", "nonlocal_resnet_linear"),
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What differs between budgets; the recipe itself is ``configs/experiment/<experiment>.yaml``."""
+
+    experiment: str
+    vit_kwargs: Dict[str, object]
+    resnet_kwargs: Dict[str, object]
+    seeds: Dict[str, Tuple[int, ...]] = field(default_factory=dict)  # extra seeds per preset (default: seed 0)
+    eval_images: Optional[int] = None  # val images for the robustness sweeps (None = all)
+    robustness: str = "zoo"
+
+
+BUDGETS = {
+    # ~0.8M-parameter ViT, 2 epochs: all presets in about 2.5 h on a 2-core CPU.
+    "cpu": Budget("zoo_cpu", dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0, drop_path_rate=0.0),
+                  dict(channels=[16, 32, 64, 128], stem_width=16),
+                  seeds={"vit_softmax": (0, 1), "vit_linear": (0, 1)}, eval_images=2000),
+    # ViT-Tiny width (5.4M parameters at mlp_ratio 4), 100 epochs; a full-width ResNet-18.
+    "gpu": Budget("zoo_gpu", dict(embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0, drop_path_rate=0.1), {},
+                  seeds={"vit_softmax": (0, 1, 2), "vit_linear": (0, 1, 2)}),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    preset: str
+    seed: int
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.preset}-s{self.seed}"
+
+    @property
+    def last_ckpt(self) -> Path:
+        return self.dir / "checkpoints" / "last.ckpt"
+
+
+def plan(budget: Budget, work: Path, only: Optional[Sequence[str]]) -> List[Run]:
+    runs = []
+    for label, preset in PRESETS:
+        if only and preset not in only:
+            continue
+        for seed in budget.seeds.get(preset, (0,)):
+            runs.append(Run(label, preset, seed, work / preset / f"seed{seed}"))
+    return runs
+
+
+def _hydra_value(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    return str(value)
+
+
+def model_overrides(budget: Budget, preset: str) -> List[str]:
+    kwargs = budget.resnet_kwargs if preset.startswith("nonlocal") else budget.vit_kwargs
+    return [f"++model.kwargs.{k}={_hydra_value(v)}" for k, v in kwargs.items()]
+
+
+def _run_logged(cmd: List[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        code = subprocess.call(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    if code:
+        raise SystemExit(f"failed ({code}): {' '.join(cmd)}\n  log: {log}")
+
+
+# ---------------------------------------------------------------- train
+def train(runs: List[Run], budget: Budget, data_root: Path) -> None:
+    for i, run in enumerate(runs, 1):
+        if (run.dir / "metrics.json").is_file():
+            print(f"[train {i}/{len(runs)}] {run.name}: done", flush=True)
+            continue
+        cmd = [sys.executable, "train.py", f"experiment={budget.experiment}", f"model={run.preset}",
+               f"seed={run.seed}", f"data.root={data_root}", f"hydra.run.dir={run.dir}",
+               "+trainer.enable_progress_bar=false", *model_overrides(budget, run.preset)]
+        if run.last_ckpt.is_file():
+            cmd.append(f"ckpt_path={run.last_ckpt}")
+        print(f"[train {i}/{len(runs)}] {run.name} ...", flush=True)
+        start = time.time()
+        _run_logged(cmd, run.dir / "harness.log")
+        print(f"[train {i}/{len(runs)}] {run.name}: {time.time() - start:.0f} s", flush=True)
+
+
+# ---------------------------------------------------------------- profile
+def _rss_mb(field_name: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _eager_twins(model) -> None:
+    """Switch fused paths to their eager twins so FlopCounterMode sees every attention matmul."""
+    from vitzoo.attention import LinearAttention, SoftmaxAttention
+
+    for m in model.modules():
+        if isinstance(m, SoftmaxAttention):
+            m.fused = False
+        elif isinstance(m, LinearAttention):
+            m.impl = "eager"
+
+
+def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
+    """Parameters, forward FLOPs per image, train img/s and peak train memory of a checkpoint's network."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitzoo.training import build_model, read_checkpoint
+
+    hp = read_checkpoint(ckpt)["hyper_parameters"]
+    base = _rss_mb("VmRSS")
+    model = build_model(hp)
+    params = sum(p.numel() for p in model.parameters())
+    size = (batch_size, hp.get("in_chans", 3), hp["img_size"], hp["img_size"])
+    x, y = torch.randn(size), torch.randint(0, hp["num_classes"], (batch_size,))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for i in range(steps + 2):
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if i >= 2:  # two warm-up steps
+            times.append(time.perf_counter() - start)
+    peak = _rss_mb("VmHWM") - base
+    times.sort()
+    model.eval()
+    _eager_twins(model)
+    with FlopCounterMode(display=False) as counter:
+        model(x[:1])
+    return {"params": params, "flops_per_image": counter.get_total_flops(),
+            "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak}
+
+
+def profile(runs: List[Run], batch_size: int, steps: int) -> None:
+    for run in runs:
+        out = run.dir / "profile.json"
+        if out.is_file() or not (run.dir / "metrics.json").is_file():
+            continue
+        cmd = [sys.executable, __file__, "--profile-one", str(run.last_ckpt), "--batch-size", str(batch_size),
+               "--steps", str(steps)]
+        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if result.returncode:
+            raise SystemExit(f"profiling {run.name} failed:\n{result.stderr[-2000:]}")
+        out.write_text(result.stdout.strip().splitlines()[-1] + "\n")
+        print(f"[profile] {run.name}: {out.read_text().strip()}", flush=True)
+
+
+# ---------------------------------------------------------------- eval
+def _eval_key(run: Run) -> str:
+    return f"{run.preset}_s{run.seed}"
+
+
+def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Path:
+    """One eval.py call over every run's last.ckpt (labels ``<preset>_s<seed>``), into ``work/eval``."""
+    from omegaconf import OmegaConf
+
+    out = work / "eval"
+    ready = [r for r in runs if (r.dir / "metrics.json").is_file()]  # finished runs only
+    if (out / "robustness.json").is_file():
+        done = set(json.loads((out / "robustness.json").read_text())["checkpoints"])
+        if done == {_eval_key(r) for r in ready}:
+            print("[eval] done", flush=True)
+            return out
+    if not ready:
+        raise SystemExit("no trained runs to evaluate; run the train phase first")
+    data = OmegaConf.load(ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").data
+    data_overrides = [f"data.{k}={data[k]}" for k in ("img_size", "val_fraction", "split_seed", "eval_batch_size",
+                                                         "num_workers") if k in data]
+    ckpts = "{" + ",".join(f"{_eval_key(r)}:{r.last_ckpt}" for r in ready) + "}"
+    cmd = [sys.executable, "eval.py", f"ckpt_path={ckpts}", "data=imagefolder", f"data.root={data_root}",
+           *data_overrides, f"robustness={budget.robustness}", "robustness.progress=false",
+           f"hydra.run.dir={out}"]
+    if budget.eval_images is not None:
+        cmd.append(f"robustness.max_images={budget.eval_images}")
+    print(f"[eval] {len(ready)} checkpoints ...", flush=True)
+    start = time.time()
+    shutil.rmtree(out, ignore_errors=True)
+    _run_logged(cmd, work / "eval.log")
+    print(f"[eval] {time.time() - start:.0f} s", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- report
+COLUMNS = ("mechanism", "preset", "seeds", "params", "MFLOPs/img", "train img/s", "peak train MB", "val acc",
+           "gauss sev1-5", "logit sigma=1", "2x res", "entropy init", "entropy end")
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _layer_mean(metrics: dict, prefix: str) -> Optional[float]:
+    values = [v for k, v in metrics.items() if k.startswith(prefix)]
+    return _mean(values) if values else None
+
+
+def _run_row(run: Run, robustness: dict) -> Dict[str, Optional[float]]:
+    """The numbers of one run (None where a phase has not produced them)."""
+    metrics = json.loads((run.dir / "metrics.json").read_text())
+    prof = json.loads((run.dir / "profile.json").read_text()) if (run.dir / "profile.json").is_file() else {}
+    summary = robustness.get("summary", {}).get(_eval_key(run), {})
+    records = [r for r in robustness.get("records", []) if r["checkpoint"] == _eval_key(run)]
+    gauss = [r["acc1"] for r in records if r["test"] == "gaussian_noise"]
+    sigma1 = [r["acc1"] for r in records if r["test"] == "logit_noise" and r["level"] == 1]
+    res2 = [r["acc1"] for r in records if r["test"] == "resolution"
+            and r["level"] == robustness["checkpoints"][_eval_key(run)]["resolution_sizes"][-1]]
+    return {
+        "params": prof.get("params"), "MFLOPs/img": prof["flops_per_image"] / 1e6 if prof else None,
+        "train img/s": prof.get("train_img_per_s"), "peak train MB": prof.get("peak_train_mb"),
+        "val acc": metrics["val/acc1"], "eval clean acc": summary.get("clean_acc1"),
+        "gauss sev1-5": _mean(gauss) if gauss else None, "logit sigma=1": sigma1[0] if sigma1 else None,
+        "2x res": res2[0] if res2 else None,
+        "entropy init": _layer_mean(metrics, "entropy_init/"), "entropy end": _layer_mean(metrics, "entropy/"),
+    }
+
+
+def _fmt(key: str, values: List[Optional[float]]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    if key == "params":
+        return f"{known[0] / 1e6:.2f}M"
+    if key in ("MFLOPs/img", "train img/s", "peak train MB"):
+        return f"{_mean(known):.0f}"
+    if key.startswith("entropy"):
+        return " / ".join(f"{v:.3f}" for v in known)
+    cell = " / ".join(f"{100 * v:.1f}" for v in known)  # accuracies in %, one per seed
+    return cell + (f" (mean {100 * _mean(known):.1f})" if len(known) > 1 else "")
+
+
+def _hardware() -> str:
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor() or "unknown CPU") if os.path.exists("/proc/cpuinfo") else platform.processor()
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}"
+
+
+def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: Path, command: str) -> Path:
+    """results.md + results.csv + plots into ``out``."""
+    import csv
+
+    eval_dir = work / "eval"
+    robustness = json.loads((eval_dir / "robustness.json").read_text()) if (eval_dir / "robustness.json").is_file() \
+        else {}
+    rows: Dict[str, List[Tuple[Run, dict]]] = {}
+    for run in runs:
+        if (run.dir / "metrics.json").is_file():
+            rows.setdefault(run.preset, []).append((run, _run_row(run, robustness)))
+    if not rows:
+        raise SystemExit("nothing to report yet; run the train phase first")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["mechanism", "preset", "seed", *[k for k in COLUMNS[3:]], "eval clean acc"])
+        for preset_runs in rows.values():
+            for run, row in preset_runs:
+                writer.writerow([run.label, run.preset, run.seed, *[row[k] for k in COLUMNS[3:]],
+                                 row["eval clean acc"]])
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for preset, preset_runs in rows.items():
+        cells = [preset_runs[0][0].label, f"`{preset}`", ",".join(str(r.seed) for r, _ in preset_runs)]
+        cells += [_fmt(k, [row[k] for _, row in preset_runs]) for k in COLUMNS[3:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    for png in ("corruptions.png", "logit_noise.png", "resolution.png"):
+        if (eval_dir / png).is_file():
+            shutil.copy(eval_dir / png, out / png)
+    _plot_summary(rows, out / "summary.png")
+    exp = (ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").relative_to(ROOT)
+    sweep = robustness.get("sweep", {})
+    text = [
+        f"# Zoo benchmark, `{budget_name}` budget", "",
+        f"Produced by `{command}` on {time.strftime('%Y-%m-%d')}; hardware: {_hardware()}.", "",
+        f"Recipe: `{exp}` (same data split, seed, augmentation, optimiser and epochs for every row); model size: "
+        f"ViT `{budget.vit_kwargs}`, non-local ResNet-18 `{budget.resnet_kwargs or 'full width'}`.",
+        f"Robustness columns: eval.py with `robustness={budget.robustness}` on the first "
+        f"{budget.eval_images or 'all'} val images (Gaussian noise severities {sweep.get('severities')}, protocol "
+        f"{sweep.get('protocol') or 'by size'}; logit-noise sigma in {sweep.get('logit_noise')}; inputs at "
+        f"{sweep.get('resolutions')} x the training size). Accuracies in %, one value per seed.",
+        "Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, batch 128) / peak "
+        "memory (resident set above the process baseline during those steps) come from the profile phase, run one "
+        "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
+        "uniform) on 32 val images, before training and after the last epoch.", "",
+        *lines, "",
+        "![summary](summary.png)", "",
+        "![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)", "",
+    ]
+    (out / "results.md").write_text("\n".join(text))
+    print(f"[report] {out / 'results.md'}", flush=True)
+    return out
+
+
+def _plot_summary(rows: Dict[str, List[Tuple[Run, dict]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("val acc", "gauss sev1-5", "logit sigma=1", "2x res")
+    labels = [runs[0][0].label for runs in rows.values()]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        means = []
+        for preset_runs in rows.values():
+            known = [row[key] for _, row in preset_runs if row[key] is not None]
+            means.append(100 * _mean(known) if known else 0.0)
+        ax.bar([x + i * width for x in range(len(labels))], means, width, label=key)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.legend(ncol=4, fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- data
+def resolve_data(data: Path) -> Path:
+    """A folder holding train/, or a .tar.gz of one (unpacked once under ~/.cache/vitzoo)."""
+    data = data.expanduser().resolve()
+    if data.is_dir():
+        if not (data / "train").is_dir():
+            raise SystemExit(f"--data {data} has no train/ folder; pass the CIFAR-10 JPEG tree or its .tar.gz")
+        return data
+    if not data.is_file() or not data.name.endswith((".tar.gz", ".tgz")):
+        raise SystemExit(f"--data {data} is neither a folder holding train/ nor a .tar.gz of one")
+    target = Path.home() / ".cache" / "vitzoo" / data.name.split(".")[0]
+    if not (target / "train").is_dir():
+        print(f"unpacking {data} -> {target}", flush=True)
+        tmp = target.with_name(target.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with tarfile.open(data) as tar:
+            tar.extractall(tmp, filter="data")
+        if not (tmp / "train").is_dir():
+            raise SystemExit(f"{data} holds no train/ folder at its top level")
+        tmp.rename(target)
+    return target
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
+    p.add_argument("--data", type=Path, help="CIFAR-10 JPEG tree (folder with train/) or its .tar.gz")
+    p.add_argument("--work", type=Path, default=None, help="run dirs (default: logs/zoo/<budget>)")
+    p.add_argument("--out", type=Path, default=None, help="table and plots (default: docs/zoo/<budget>)")
+    p.add_argument("--phases", default=",".join(PHASES), help="comma list from " + ",".join(PHASES))
+    p.add_argument("--presets", default=None, help="comma list of presets (default: all)")
+    p.add_argument("--batch-size", type=int, default=128, help="profile: training batch size")
+    p.add_argument("--steps", type=int, default=10, help="profile: timed training steps")
+    p.add_argument("--profile-one", type=Path, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.profile_one is not None:
+        print(json.dumps(profile_one(args.profile_one, args.batch_size, args.steps)))
+        return
+    budget = BUDGETS[args.budget]
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        raise SystemExit(f"unknown phase(s) {unknown}; choose from {list(PHASES)}")
+    work = (args.work or ROOT / "logs" / "zoo" / args.budget).resolve()
+    runs = plan(budget, work, args.presets.split(",") if args.presets else None)
+    if "train" in phases or "eval" in phases:
+        if args.data is None:
+            raise SystemExit("--data is required for the train and eval phases")
+        data_root = resolve_data(args.data)
+    if "train" in phases:
+        train(runs, budget, data_root)
+    if "profile" in phases:
+        profile(runs, args.batch_size, args.steps)
+    if "eval" in phases:
+        evaluate(runs, budget, data_root, work)
+    if "report" in phases:
+        command = f"python benchmarks/zoo.py --budget {args.budget} --data {args.data or '<CIFAR-10 JPEG tree>'}"
+        report(runs, args.budget, budget, work, (args.out or ROOT / "docs" / "zoo" / args.budget).resolve(), command)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
