@@ -115,6 +115,17 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
     assert sched["_last_lr"] == pytest.approx(sched_ref["_last_lr"], rel=1e-12)
 
 
+def test_last_ckpt_holds_the_final_step_when_the_best_epoch_is_an_earlier_one(tmp_path, fast_overrides):
+    # monitor=epoch, mode=min: the best checkpoint is epoch 0 whatever the accuracy does; the step
+    # checkpoint last writes at step 15 of 16.
+    metrics = train(compose_config(tmp_path, [*fast_overrides, "trainer.max_epochs=2", "data.num_train=128",
+                                              "callbacks.model_checkpoint.monitor=epoch",
+                                              "callbacks.model_checkpoint.mode=min",
+                                              "callbacks.step_checkpoint.every_n_train_steps=5"]))
+    assert Path(metrics["best_ckpt"]).name == "best-epoch000.ckpt"
+    assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == metrics["global_step"] == 16
+
+
 def test_mixup_ema_and_bf16_options_train(tmp_path, fast_overrides):
     cfg = compose_config(tmp_path, [*fast_overrides, "callbacks=ema", "callbacks.rich_progress_bar=null",
                                     "callbacks.ema.decay=0.5", "module.mixup.mixup_alpha=0.8",
