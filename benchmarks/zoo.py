@@ -248,7 +248,7 @@ def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Pa
 
 # ---------------------------------------------------------------- report
 COLUMNS = ("mechanism", "preset", "seeds", "params", "MFLOPs/img", "train img/s", "peak train MB", "val acc",
-           "gauss sev1-5", "logit sigma=1", "2x res", "entropy init", "entropy end")
+           "gauss sev1-5", "logit sigma=1", "2x res", "entropy init", "entropy end", "entropy 2x res")
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -268,15 +268,16 @@ def _run_row(run: Run, robustness: dict) -> Dict[str, Optional[float]]:
     records = [r for r in robustness.get("records", []) if r["checkpoint"] == _eval_key(run)]
     gauss = [r["acc1"] for r in records if r["test"] == "gaussian_noise"]
     sigma1 = [r["acc1"] for r in records if r["test"] == "logit_noise" and r["level"] == 1]
-    res2 = [r["acc1"] for r in records if r["test"] == "resolution"
+    res2 = [r for r in records if r["test"] == "resolution"
             and r["level"] == robustness["checkpoints"][_eval_key(run)]["resolution_sizes"][-1]]
     return {
         "params": prof.get("params"), "MFLOPs/img": prof["flops_per_image"] / 1e6 if prof else None,
         "train img/s": prof.get("train_img_per_s"), "peak train MB": prof.get("peak_train_mb"),
         "val acc": metrics["val/acc1"], "eval clean acc": summary.get("clean_acc1"),
         "gauss sev1-5": _mean(gauss) if gauss else None, "logit sigma=1": sigma1[0] if sigma1 else None,
-        "2x res": res2[0] if res2 else None,
+        "2x res": res2[0]["acc1"] if res2 else None,
         "entropy init": _layer_mean(metrics, "entropy_init/"), "entropy end": _layer_mean(metrics, "entropy/"),
+        "entropy 2x res": res2[0].get("entropy") if res2 else None,
     }
 
 
@@ -349,7 +350,8 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
         "Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, batch 128) / peak "
         "memory (resident set above the process baseline during those steps) come from the profile phase, run one "
         "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
-        "uniform) on 32 val images, before training and after the last epoch.", "",
+        "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
+        "eval images at twice the training size.", "",
         *lines, "",
         "![summary](summary.png)", "",
         "![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)", "",

@@ -13,8 +13,10 @@ import torch.nn as nn
 from conftest import QUIET, ROOT, compose_config
 from vitzoo import robustness
 from vitzoo.data import DigitsDataModule
+from vitzoo.diagnostics import attention_entropy
 from vitzoo.robustness import Pass, Sweep, attention_noise, run_pass, summarize, sweep_passes
 from vitzoo.robustness.run import evaluate_checkpoints
+from vitzoo.robustness.sweep import ENTROPY_IMAGES
 from vitzoo.training import load_classifier, read_checkpoint, train
 
 TINY = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
@@ -105,6 +107,12 @@ def test_resolution_pass_runs_at_a_patch_multiple(checkpoints):
     result = sweep_pass(model, hp, Pass("resolution", 1.6), loaders=loaders)
     assert result["level"] == 24 and set(loaders) == {24}  # 1.6 * 16 = 25.6 -> 24 (patch 4)
     assert 0.1 < result["acc1"] <= 1.0 and result["num_images"] == 360
+    # ... and the attention entropy there: the layers' mean H / log n on the first images of the pass.
+    images = next(iter(loaders[24]))[0][:ENTROPY_IMAGES]
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (hp["mean"], hp["std"]))
+    layers = attention_entropy(model, (images - mean) / std)
+    assert len(layers) == 2 and result["entropy"] == pytest.approx(sum(layers.values()) / 2, rel=1e-6)
+    assert 0.0 < result["entropy"] < 1.0
 
 
 def test_sweep_lists_every_pass_clean_first():
@@ -174,7 +182,8 @@ def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
     assert payload["baseline"] == "softmax" and payload["checkpoints"]["linear"]["attention"]["name"] == "linear"
     with open(tmp_path / "robustness.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * per_ckpt and set(rows[0]) >= {"checkpoint", "test", "level", "acc1"}
+    assert len(rows) == 2 * per_ckpt and set(rows[0]) >= {"checkpoint", "test", "level", "acc1", "entropy"}
+    assert all((r["entropy"] != "") == (r["test"] in ("clean", "resolution")) for r in rows)
     for png in ("corruptions.png", "logit_noise.png", "resolution.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for label in ("softmax", "linear"):

@@ -19,7 +19,7 @@ from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
 
 __all__ = ["summarize", "write_results", "plot_results", "log_tensorboard", "RECORD_FIELDS"]
 
-RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images")
+RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy")
 
 
 def _by_checkpoint(records: Sequence[dict]) -> Dict[str, Dict[str, Dict[float, dict]]]:
@@ -149,16 +149,20 @@ def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, 
         ax.grid(alpha=0.3)
         written.append(_save(fig, ax, out_dir / "logit_noise.png"))
     if any(RESOLUTION in t for t in table.values()):
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        for label in labels:
-            levels = dict(table[label].get(RESOLUTION, {}))
-            points = {train_sizes[label]: table[label][CLEAN][0]["acc1"], **{x: r["acc1"] for x, r in levels.items()}}
-            xs = sorted(points)
-            ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
-        ax.set(xlabel="input size (px; the training size is the clean point)", ylabel="top-1 accuracy",
-               title="resolution")
-        ax.grid(alpha=0.3)
-        written.append(_save(fig, ax, out_dir / "resolution.png"))
+        keys = ["acc1"] + (["entropy"] if all("entropy" in r for t in table.values() for r in t[CLEAN].values())
+                           else [])
+        fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.2), squeeze=False)
+        for ax, key in zip(axes[0], keys):
+            for label in labels:
+                levels = table[label].get(RESOLUTION, {})
+                points = {train_sizes[label]: table[label][CLEAN][0][key], **{x: r[key] for x, r in levels.items()}}
+                xs = sorted(points)
+                ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
+            ax.set(xlabel="input size (px; the training size is the clean point)",
+                   ylabel="top-1 accuracy" if key == "acc1" else "attention entropy H / log n (mean over layers)",
+                   title="resolution" if key == "acc1" else "attention entropy vs resolution")
+            ax.grid(alpha=0.3)
+        written.append(_save(fig, axes[0, 0], out_dir / "resolution.png"))
     return written
 
 
@@ -177,7 +181,7 @@ def _save(fig, legend_ax, path: Path) -> Path:
 def log_tensorboard(records: Sequence[dict], log_dir: Path) -> None:
     """Scalars per checkpoint (one TensorBoard run each, so curves overlay): ``clean/acc1``,
     ``corruption/<name>`` (step = severity), ``logit_noise/acc1`` (step = 100 * sigma),
-    ``resolution/acc1`` (step = image size)."""
+    ``resolution/acc1`` and ``resolution/entropy`` (step = image size)."""
     from torch.utils.tensorboard import SummaryWriter
 
     for label, tests in _by_checkpoint(records).items():
@@ -190,6 +194,8 @@ def log_tensorboard(records: Sequence[dict], log_dir: Path) -> None:
                         writer.add_scalar("logit_noise/acc1", r["acc1"], int(round(100 * level)))
                     elif test == RESOLUTION:
                         writer.add_scalar("resolution/acc1", r["acc1"], int(level))
+                        if "entropy" in r:
+                            writer.add_scalar("resolution/entropy", r["entropy"], int(level))
                     else:
                         writer.add_scalar(f"corruption/{test}", r["acc1"], int(level))
 

@@ -3,7 +3,9 @@
 Every pass is seeded and drawn in the same order, so two checkpoints evaluated with the same
 ``Sweep`` see the very same corrupted images, and a pass repeats exactly. Images come from the
 loader in [0, 1] (corruptions are defined there) and are normalised with the model's mean/std
-just before the forward pass.
+just before the forward pass. Clean and resolution passes also report the attention entropy
+(mean over layers of H / log n) on the first ``ENTROPY_IMAGES`` images, which is what the log-n
+scale is meant to hold steady across resolutions.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from vitzoo.attention import ZooAttention
+from vitzoo.diagnostics import attention_entropy
 from vitzoo.training.evaluate import evaluate
 
 from .attention_noise import attention_noise
@@ -24,6 +28,7 @@ __all__ = ["Sweep", "Pass", "sweep_passes", "run_pass", "resolution_size", "patc
            "CLEAN", "LOGIT_NOISE", "RESOLUTION"]
 
 CLEAN, LOGIT_NOISE, RESOLUTION = "clean", "logit_noise", "resolution"
+ENTROPY_IMAGES = 32
 
 
 @dataclass(frozen=True)
@@ -121,4 +126,8 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
             return normalise(corrupt(x, step.test, int(step.level), sweep.protocol, generator=generator))
     with attention_noise(model, noise) if step.test == LOGIT_NOISE else nullcontext():
         metrics = evaluate(model, loader_at(size), device, preprocess)
+    if step.test in (CLEAN, RESOLUTION) and any(isinstance(m, ZooAttention) for m in model.modules()):
+        images = next(iter(loader_at(size)))[0][:ENTROPY_IMAGES].to(device)
+        layers = attention_entropy(model, preprocess(images))
+        metrics["entropy"] = sum(layers.values()) / len(layers)
     return {**metrics, "level": level}
