@@ -111,8 +111,17 @@ def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from cycler import cycler
 
-    table = _by_checkpoint(records)
+    # 20 distinguishable lines: the 10 default colours solid, then dashed (a zoo sweep has 16 checkpoints)
+    lines = cycler(linestyle=["-", "--"]) * cycler(color=plt.get_cmap("tab10").colors)
+    with plt.rc_context({"axes.prop_cycle": lines}):
+        return _plot_tables(_by_checkpoint(records), out_dir, train_sizes)
+
+
+def _plot_tables(table: dict, out_dir: Path, train_sizes: Dict[str, int]) -> List[Path]:
+    import matplotlib.pyplot as plt
+
     labels = list(table)
     written = []
     corruption_names = sorted({t for tests in table.values() for t in tests if t in CORRUPTIONS})
@@ -173,7 +182,7 @@ def _save(fig, legend_ax, path: Path) -> Path:
     fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.035 * math.ceil(len(names) / 4), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # long legends may be wider than the axes
     plt.close(fig)
     return path
 
