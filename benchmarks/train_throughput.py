@@ -2,18 +2,21 @@
 
 Both models take the same training step (forward, cross-entropy, backward, AdamW step) on the
 same random batch; timings alternate between the two (A B A B ...) so machine noise hits both
-alike. Prints a table of img/s and the ratio zoo / timm (1.00 = no overhead): of the medians, and
+alike. ``--attention`` adds zoo ViTs of the same shape with other attention (``name`` or
+``name:key=value,...``) to the same rotation. Prints a table of img/s and the ratio zoo / timm (1.00 = no overhead): of the medians, and
 the median of the per-round ratios (steadier on a busy machine).
 
     python benchmarks/train_throughput.py                       # vit_cifar shape, CPU, batch 64
     python benchmarks/train_throughput.py --threads 1 --clock process --rounds 15   # on a busy CPU
     python benchmarks/train_throughput.py --device cuda --precision bf16 --batch-size 256
     python benchmarks/train_throughput.py --arch vit_small --img-size 224 --csv out.csv
+    python benchmarks/train_throughput.py --batch-size 128 --attention linear:impl=eager --attention linear:impl=torch
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import time
 
@@ -25,14 +28,33 @@ import vitzoo
 from vitzoo.models.vit import VIT_ARCHS
 
 
-def build(arch: str, img_size: int, num_classes: int):
+def attention_spec(text: str) -> dict:
+    """``linear:impl=eager,feature_map=relu`` -> {"name": "linear", "impl": "eager", "feature_map": "relu"}."""
+    name, _, options = text.partition(":")
+    spec = {"name": name}
+    for item in filter(None, options.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r} is not key=value; write e.g. linear:impl=eager")
+        try:
+            spec[key] = json.loads(value)
+        except json.JSONDecodeError:
+            spec[key] = value
+    return spec
+
+
+def build(arch: str, img_size: int, num_classes: int, extra_attention=()):
     shape = {k: v for k, v in VIT_ARCHS[arch].items() if k not in ("img_size", "num_classes")}
     zoo = vitzoo.create_model(arch, attention="softmax", img_size=img_size, num_classes=num_classes)
     ref = VisionTransformer(img_size=img_size, num_classes=num_classes, dynamic_img_size=True, **shape)
     n_zoo, n_ref = (sum(p.numel() for p in m.parameters()) for m in (zoo, ref))
     if n_zoo != n_ref:
         raise SystemExit(f"shapes differ: zoo has {n_zoo} parameters, timm {n_ref}")
-    return {"vitzoo vit_softmax": zoo, "timm VisionTransformer": ref}, shape
+    models = {"vitzoo vit_softmax": zoo, "timm VisionTransformer": ref}
+    for spec in extra_attention:
+        label = "vitzoo " + ",".join(str(v) for v in spec.values())
+        models[label] = vitzoo.create_model(arch, attention=spec, img_size=img_size, num_classes=num_classes)
+    return models, shape
 
 
 def make_step(model, device, precision):
@@ -75,6 +97,8 @@ def main() -> None:
     parser.add_argument("--clock", default="wall", choices=["wall", "process"],
                         help="process = this process's CPU time: steadier on a shared CPU (use with --threads 1)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--attention", type=attention_spec, action="append", default=[],
+                        help="also time a zoo ViT with this attention, e.g. linear:impl=torch (repeatable)")
     parser.add_argument("--csv", help="also write the table to this CSV file")
     args = parser.parse_args()
 
@@ -83,7 +107,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.manual_seed(0)
-    models, shape = build(args.arch, args.img_size, 10)
+    models, shape = build(args.arch, args.img_size, 10, args.attention)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
     steps = {}
@@ -112,9 +136,10 @@ def main() -> None:
         rows.append({"model": name, "img_per_s": round(med, 1), "min": round(min(values), 1),
                      "max": round(max(values), 1), "ratio_vs_timm": round(med / ref, 3),
                      "paired_ratio_vs_timm": round(paired[name], 3)})
-    print(f"{'model':<24} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7} {'paired ratio':>13}")
+    width = max(24, *(len(r["model"]) for r in rows))
+    print(f"{'model':<{width}} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7} {'paired ratio':>13}")
     for r in rows:
-        print(f"{r['model']:<24} {r['img_per_s']:>15.1f} {r['min']:>9.1f} {r['max']:>9.1f} "
+        print(f"{r['model']:<{width}} {r['img_per_s']:>15.1f} {r['min']:>9.1f} {r['max']:>9.1f} "
               f"{r['ratio_vs_timm']:>7.3f} {r['paired_ratio_vs_timm']:>13.3f}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:

@@ -140,6 +140,23 @@ def test_worker_pool_is_single_threaded_and_leaves_other_threads_alone():
     assert seen == [main]  # a thread started later still gets the process default
 
 
+def test_many_slices_on_torch_threads_match_few_slices_on_workers():
+    """A batch with many (batch x heads) slices runs on torch's intra-op threads, one sample
+    (3 slices, enough tokens for two workers) on the worker pool; both give the same values and gradients."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v = make_qkv(8, 3, 1400, 16)
+        out = fused_linear_attention(q, k, v, impl="torch", chunk=128)
+        per_sample = torch.cat([fused_linear_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], impl="torch", chunk=128)
+                                for i in range(8)])
+        torch.testing.assert_close(out, per_sample, rtol=1e-5, atol=1e-6)
+        for g, g_ref in zip(grads(out, (q, k, v)), grads(per_sample, (q, k, v))):
+            torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-6)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _forward_in_child(args):
     args = [torch.from_numpy(a) for a in args]
     return fused_linear_attention(*args, impl="torch", chunk=256).numpy()  # plain pickling back

@@ -29,6 +29,7 @@ __all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
 _MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
 _MIN_PARALLEL_ELEMENTS = 1 << 16  # ... and so do inputs this small (a hand-over costs ~0.1-0.3 ms)
+_OMP_SLICES_PER_THREAD = 8  # batch*heads >= this many per thread: torch's intra-op threads instead
 _TAYLOR_NORM_EPS = 1e-6  # F.normalize's eps inside feature_maps.taylor
 _LOG2E = math.log2(math.e)
 
@@ -140,17 +141,20 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 def _sweep(step, n: int, chunk: int, like: torch.Tensor) -> Optional[torch.Tensor]:
     """Sum of ``step(s, e, buf)`` over chunks of range(n) (steps may also write outputs).
 
-    On CPU the tokens are cut into one contiguous range per intra-op thread (one range for tiny
-    inputs), each walked chunk by chunk on a single-threaded worker: an OpenMP barrier per op
-    costs more than the op here, and far more on a shared CPU. Partial sums are added in a fixed
-    order, so the result is deterministic for a given thread count.
+    On CPU with few (batch x heads) slices the tokens are cut into one contiguous range per
+    intra-op thread (one range for tiny inputs), each walked chunk by chunk on a single-threaded
+    worker: an OpenMP barrier per op costs more than the op here, and far more on a shared CPU.
+    With many slices (a training batch) one range is walked on the calling thread and torch's
+    own threads split each op over the slices; workers there would compete with the idle-spinning
+    OpenMP threads of the surrounding model. Partial sums are added in a fixed order, so the
+    result is deterministic for a given thread count.
     """
     def walk(lo_hi):
         buf = _Scratch(_acc(like), like.device)
         return _total(step(s, e, buf) for s, e in _spans(lo_hi[0], lo_hi[1], chunk))
 
     threads = torch.get_num_threads() if like.device.type == "cpu" else 1
-    if threads <= 1:
+    if threads <= 1 or like.shape[0] * like.shape[1] >= _OMP_SLICES_PER_THREAD * threads:
         return walk((0, n))
     workers = min(threads, n // _MIN_WORKER_TOKENS) if like.numel() >= _MIN_PARALLEL_ELEMENTS else 1
     ranges = _spans(0, n, -(-n // max(1, workers)))
