@@ -3,6 +3,8 @@
     python benchmarks/zoo.py --budget cpu --data ../shared/data/cifar10-train-jpg.tar.gz
     python benchmarks/zoo.py --budget gpu --data /data/cifar10-jpg          # on a GPU machine
     python benchmarks/zoo.py --budget cpu --data ... --phases report         # re-tabulate only
+    python benchmarks/zoo.py --budget cpu --data ... --presets vit_softmax,vit_linear \
+        --work /tmp/zoo --out /tmp/zoo/report --override trainer.max_epochs=1   # a quick trial
 
 Phases (``--phases``, default all, each skips what is already done, so a stopped run resumes):
 
@@ -127,14 +129,14 @@ def _run_logged(cmd: List[str], log: Path) -> None:
 
 
 # ---------------------------------------------------------------- train
-def train(runs: List[Run], budget: Budget, data_root: Path) -> None:
+def train(runs: List[Run], budget: Budget, data_root: Path, overrides: Sequence[str] = ()) -> None:
     for i, run in enumerate(runs, 1):
         if (run.dir / "metrics.json").is_file():
             print(f"[train {i}/{len(runs)}] {run.name}: done", flush=True)
             continue
         cmd = [sys.executable, "train.py", f"experiment={budget.experiment}", f"model={run.preset}",
                f"seed={run.seed}", f"data.root={data_root}", f"hydra.run.dir={run.dir}",
-               "+trainer.enable_progress_bar=false", *model_overrides(budget, run.preset)]
+               "+trainer.enable_progress_bar=false", *model_overrides(budget, run.preset), *overrides]
         if run.last_ckpt.is_file():
             cmd.append(f"ckpt_path={run.last_ckpt}")
         print(f"[train {i}/{len(runs)}] {run.name} ...", flush=True)
@@ -419,6 +421,9 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=None, help="table and plots (default: docs/zoo/<budget>)")
     p.add_argument("--phases", default=",".join(PHASES), help="comma list from " + ",".join(PHASES))
     p.add_argument("--presets", default=None, help="comma list of presets (default: all)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Hydra override for every training run, after the budget's (repeatable); "
+                        "a run dir trained with other overrides is not retrained")
     p.add_argument("--batch-size", type=int, default=128, help="profile: training batch size")
     p.add_argument("--steps", type=int, default=10, help="profile: timed training steps")
     p.add_argument("--profile-one", type=Path, default=None, help=argparse.SUPPRESS)
@@ -442,13 +447,14 @@ def main(argv=None) -> None:
             raise SystemExit("--data is required for the train and eval phases")
         data_root = resolve_data(args.data)
     if "train" in phases:
-        train(runs, budget, data_root)
+        train(runs, budget, data_root, args.override)
     if "profile" in phases:
         profile(runs, args.batch_size, args.steps)
     if "eval" in phases:
         evaluate(runs, budget, data_root, work)
     if "report" in phases:
         command = f"python benchmarks/zoo.py --budget {args.budget} --data {args.data or '<CIFAR-10 JPEG tree>'}"
+        command += "".join(f" --override {o}" for o in args.override)
         report(runs, args.budget, budget, work, (args.out or ROOT / "docs" / "zoo" / args.budget).resolve(), command)
 
 

@@ -144,6 +144,11 @@ def test_imagefolder_errors_name_the_fix(tmp_path):
     _write_tree(tmp_path, "val", ["a", "zebra"], 1)
     with pytest.raises(ValueError, match="zebra"):
         ImageFolderDataModule(root=str(tmp_path), batch_size=2).setup("fit")
+    few = tmp_path / "few"
+    _write_tree(few, "train", ["a", "b", "c"], 3)
+    with pytest.raises(ValueError, match=r"leaves 1 for val .* change data.val_fraction"):
+        ImageFolderDataModule(root=str(few), val_fraction=0.1, batch_size=2).setup("fit")
+    ImageFolderDataModule(root=str(few), val_fraction=0.34, batch_size=2).setup("fit")  # 4 val, 5 train: fine
 
 
 def test_batch_larger_than_train_set_is_a_clear_error():

@@ -1,6 +1,7 @@
 """Any ``root/train/<class>/*`` image tree, with ``root/val/<class>/*`` or a seeded val split."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import List, Tuple
@@ -65,6 +66,13 @@ class ImageFolderDataModule(ImageDataModule):
                 if not 0.0 < self.val_fraction < 1.0:
                     raise ValueError(f"{self.root} has no val/ folder and data.val_fraction={self.val_fraction}; "
                                      f"set data.val_fraction in (0, 1) to hold out part of train/")
+                n_val = math.ceil(self.val_fraction * len(paths))
+                if n_val < len(self.classes) or len(paths) - n_val < len(self.classes):
+                    raise ValueError(f"data.val_fraction={self.val_fraction} of the {len(paths)} images under "
+                                     f"{self.root / 'train'} leaves {n_val} for val and {len(paths) - n_val} for "
+                                     f"train, but a stratified split needs at least one image per class "
+                                     f"({len(self.classes)}) on each side; change data.val_fraction, add images, "
+                                     f"or give a val/ folder")
                 p_tr, p_va, y_tr, y_va = train_test_split(paths, labels, test_size=self.val_fraction,
                                                           stratify=labels, random_state=self.split_seed)
                 self._splits = {"train": (p_tr, y_tr), "val": (p_va, y_va)}
