@@ -3,8 +3,9 @@
 Both models take the same training step (forward, cross-entropy, backward, AdamW step) on the
 same random batch; timings alternate between the two (A B A B ...) so machine noise hits both
 alike. ``--attention`` adds zoo ViTs of the same shape with other attention (``name`` or
-``name:key=value,...``) to the same rotation. Prints a table of img/s and the ratio zoo / timm (1.00 = no overhead): of the medians, and
-the median of the per-round ratios (steadier on a busy machine).
+``name:key=value,...``) to the same rotation. Prints a table of img/s and the ratio to timm
+(1.00 = no overhead): of the medians, and the median of the per-round ratios (steadier on a busy
+machine).
 
     python benchmarks/train_throughput.py                       # vit_cifar shape, CPU, batch 64
     python benchmarks/train_throughput.py --threads 1 --clock process --rounds 15   # on a busy CPU
