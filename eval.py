@@ -5,10 +5,13 @@ from omegaconf import DictConfig
 
 from vitzoo.robustness.run import evaluate_checkpoints
 from vitzoo.training import user_errors
+from vitzoo.training.allocator import retain_freed_memory
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
+    if cfg.retain_freed_memory:
+        retain_freed_memory()
     with user_errors():
         results = evaluate_checkpoints(cfg)
     for label, summary in results["summary"].items():

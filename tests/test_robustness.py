@@ -192,6 +192,16 @@ def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
     assert set(metrics) == {"softmax", "linear"} and metrics["linear"]["num_images"] == 360
 
 
+def test_val_split_held_in_memory_gives_the_streamed_results(checkpoints, tmp_path, monkeypatch):
+    overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness.corruptions=[shot_noise]",
+                 "robustness.severities=[5]", "robustness.logit_noise=[1]", "robustness.resolutions=[2]",
+                 "robustness.plots=false", "robustness.tensorboard=false", "robustness.progress=false"]
+    in_memory = evaluate_checkpoints(compose_config(tmp_path / "memory", overrides, name="eval"))["records"]
+    monkeypatch.setattr(robustness.run, "MEMORY_BUDGET_BYTES", 0)
+    streamed = evaluate_checkpoints(compose_config(tmp_path / "streamed", overrides, name="eval"))["records"]
+    assert len(in_memory) == 4 and in_memory == streamed
+
+
 def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
     cfg = compose_config(tmp_path, [f"ckpt_path=[{checkpoints['vit_softmax']},{checkpoints['vit_linear']}]",
                                     "robustness=clean", f"robustness.baseline={checkpoints['vit_linear']}",

@@ -66,11 +66,19 @@ def _with_baseline(entries: List[Entry], baseline: Optional[str]) -> Tuple[List[
     return [*entries, ("baseline", baseline)], len(entries)
 
 
-def _unit_loaders(data_cfg: DictConfig, channels: int, max_images: Optional[int]) -> Callable[[int], Iterable]:
-    """``loader_at(size)``: the val split at ``size`` x ``size`` in [0, 1] (mean 0, std 1), cached per size."""
-    cache: Dict[int, DataLoader] = {}
+MEMORY_BUDGET_BYTES = 2 << 30  # a decoded val split up to this size is held in memory for the sweep
 
-    def loader_at(size: int) -> DataLoader:
+
+def _unit_loaders(data_cfg: DictConfig, channels: int, max_images: Optional[int]) -> Callable[[int], Iterable]:
+    """``loader_at(size)``: the val split at ``size`` x ``size`` in [0, 1] (mean 0, std 1), cached per size.
+
+    A split that fits ``MEMORY_BUDGET_BYTES`` once decoded is decoded once (by the data module's
+    workers) and then served from memory: every pass of the sweep reads the same images, and
+    re-decoding them per pass in worker processes competed with the forward passes for the CPU.
+    """
+    cache: Dict[int, Iterable] = {}
+
+    def loader_at(size: int) -> Iterable:
         if size not in cache:
             dm = instantiate_config(data_cfg, img_size=size, mean=[0.0] * channels, std=[1.0] * channels)
             dm.prepare_data()
@@ -78,8 +86,11 @@ def _unit_loaders(data_cfg: DictConfig, channels: int, max_images: Optional[int]
             dataset = dm.val_dataset
             if max_images is not None:
                 dataset = Subset(dataset, range(min(int(max_images), len(dataset))))
-            cache[size] = DataLoader(dataset, batch_size=dm.eval_batch_size, num_workers=dm.num_workers,
-                                     persistent_workers=dm.num_workers > 0)
+            decoded_bytes = len(dataset) * channels * size * size * 4
+            in_memory = decoded_bytes <= MEMORY_BUDGET_BYTES
+            loader = DataLoader(dataset, batch_size=dm.eval_batch_size, num_workers=dm.num_workers,
+                                persistent_workers=dm.num_workers > 0 and not in_memory)
+            cache[size] = list(loader) if in_memory else loader
         return cache[size]
 
     return loader_at

@@ -114,7 +114,6 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
     normalise = _normaliser(mean, std, device)
     size, preprocess, noise = img_size, normalise, 0.0
     level = step.level
-    torch.manual_seed(sweep.seed)  # logit noise draws from the global RNG; identical for every pass
     if step.test == RESOLUTION:
         size = level = resolution_size(img_size, step.level, patch_multiple(model))
     elif step.test == LOGIT_NOISE:
@@ -124,8 +123,10 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
 
         def preprocess(x: torch.Tensor) -> torch.Tensor:
             return normalise(corrupt(x, step.test, int(step.level), sweep.protocol, generator=generator))
+    batches = iter(loader_at(size))  # a DataLoader draws its base seed from the global RNG here ...
+    torch.manual_seed(sweep.seed)  # ... so seed after it: the logit noise draws are the same for any loader
     with attention_noise(model, noise) if step.test == LOGIT_NOISE else nullcontext():
-        metrics = evaluate(model, loader_at(size), device, preprocess)
+        metrics = evaluate(model, batches, device, preprocess)
     if step.test in (CLEAN, RESOLUTION) and any(isinstance(m, ZooAttention) for m in model.modules()):
         images = next(iter(loader_at(size)))[0][:ENTROPY_IMAGES].to(device)
         layers = attention_entropy(model, preprocess(images))
