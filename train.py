@@ -5,13 +5,10 @@ import hydra
 from omegaconf import DictConfig
 
 from vitzoo.training import train, user_errors
-from vitzoo.training.allocator import retain_freed_memory
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
-    if cfg.retain_freed_memory:
-        retain_freed_memory()
     with user_errors():
         metrics = train(cfg)
     return metrics.get(cfg.get("optimized_metric"))

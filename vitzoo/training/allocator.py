@@ -1,11 +1,11 @@
-"""Keep freed memory for reuse on glibc: the CPU allocation setting train.py and eval.py start with.
+"""Keep freed memory for reuse on glibc: the CPU allocation setting eval.py starts with.
 
 glibc serves every block above its mmap threshold (128 KiB, adapting up to 32 MiB) straight from
 the OS and hands it back on free, so a model that allocates the same activations batch after batch
 page-faults them in again every time: on a 2-core VM that cost a CIFAR ViT's batch-500 inference
-about a third of its speed. Raising the mmap and trim thresholds keeps freed blocks in the heap,
-as the jemalloc / tcmalloc setups of PyTorch's CPU tuning guides do, at the price of the process
-keeping its peak heap.
+about a third of its speed (a batch-128 training step showed no difference). Raising the mmap and
+trim thresholds keeps freed blocks in the heap, as the jemalloc / tcmalloc setups of PyTorch's CPU
+tuning guides do, at the price of the process keeping its peak heap.
 """
 from __future__ import annotations
 
