@@ -138,8 +138,9 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         slot.copy_(torch.bmm(a, b))
 
 
-def _sweep(step, n: int, chunk: int, like: torch.Tensor) -> Optional[torch.Tensor]:
-    """Sum of ``step(s, e, buf)`` over chunks of range(n) (steps may also write outputs).
+def _sweep(step, n: int, chunk: int, like: torch.Tensor):
+    """Sum of ``step(s, e, buf)`` (a tuple of tensors, or None) over chunks of range(n) (steps may
+    also write outputs).
 
     On CPU with few (batch x heads) slices the tokens are cut into one contiguous range per
     intra-op thread (one range for tiny inputs), each walked chunk by chunk on a single-threaded
@@ -162,61 +163,52 @@ def _sweep(step, n: int, chunk: int, like: torch.Tensor) -> Optional[torch.Tenso
 
 
 def _total(parts):
-    """Sum of the parts (None when they are None), added in order."""
+    """Element-wise sum of the parts (tuples of tensors, or None), added in order."""
     out = None
     for p in parts:
-        out = p if out is None else out.add_(p)
+        out = p if out is None else tuple(o.add_(x) for o, x in zip(out, p))
     return out
 
 
 def _state(k, v, fm: FeatureMap, chunk: int):
-    """S' = [S | z] (BH, F, Dv + 1): S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j), in fp32.
+    """S = sum_j phi(k_j)^T v_j (BH, F, Dv) and z = sum_j phi(k_j) (BH, F), in fp32.
 
-    Kept as one tensor: one (F x Dv+1) matmul then yields [phi(q) S | phi(q).z] at once."""
+    Separate, not one [S | z] matmul: an (F x Dv+1) product costs as much as (F x Dv+16) here.
+    Row sums and row dots below are ``vecdot``s: as (..., 1) bmms they cost as much as a full one."""
     def step(s, e, buf):
         fk, _ = fm.phi(_rows(k, s, e, buf, "k"), buf)
-        v1 = buf("v1", fk.shape[:2] + (v.shape[-1] + 1,))  # [v | 1]: z comes out of the same matmul
-        v1[..., :-1].copy_(v[:, :, s:e].flatten(0, 1))
-        v1[..., -1].fill_(1.0)
-        return torch.bmm(fk.mT, v1)
+        return torch.bmm(fk.mT, _rows(v, s, e, buf, "v")), fk.sum(1)
     return _sweep(step, k.shape[2], chunk, k)
 
 
 def _forward(q, k, v, fm: FeatureMap, eps: float, chunk: int):
-    state = _state(k, v, fm, chunk)
-    out, dv = v.new_empty(q.shape[:3] + v.shape[3:]), v.shape[-1]
+    S, z = _state(k, v, fm, chunk)
+    out, zr = v.new_empty(q.shape[:3] + v.shape[3:]), z.unsqueeze(1)
     def step(s, e, buf):
         fq, _ = fm.phi(_rows(q, s, e, buf, "q"), buf)
-        numden = torch.bmm(fq, state, out=buf("numden", fq.shape[:2] + state.shape[-1:]))  # [phi(q)S | phi(q).z]
-        torch.div(numden[..., :dv], numden[..., dv:].add_(eps), out=_slot(out, s, e))
+        num = torch.bmm(fq, S, out=buf("num", fq.shape[:2] + S.shape[-1:]))
+        den = torch.linalg.vecdot(fq, zr).add_(eps).unsqueeze(-1)
+        torch.div(num, den, out=_slot(out, s, e))
     _sweep(step, q.shape[2], chunk, q)
-    return out, state
+    return out, S, z
 
 
-def _rowdot(a, b, buf):
-    """sum_f a[..., f] * b[..., f] as (..., 1), through a scratch product."""
-    return torch.mul(a, b, out=buf("prod", a.shape)).sum(-1, keepdim=True)
-
-
-def _backward(dout, q, k, v, state, fm: FeatureMap, eps: float, chunk: int, needs):
+def _backward(dout, q, k, v, S, z, fm: FeatureMap, eps: float, chunk: int, needs):
     need_q, need_k, need_v = needs
-    dv_ = v.shape[-1]
-    S, z = state[..., :dv_], state[..., dv_].unsqueeze(1)
+    zr = z.unsqueeze(1)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
-    def q_step(s, e, buf):  # dq for tokens s:e and their share of [dS | dz]
+    def q_step(s, e, buf):  # dq for tokens s:e and their share of dS, dz
         fq, aux = fm.phi(_rows(q, s, e, buf, "q"), buf)
-        den = torch.bmm(fq, z.mT, out=buf("den", fq.shape[:2] + (1,))).add_(eps)
-        gw = buf("gw", fq.shape[:2] + (dv_ + 1,))  # [g | -w]
-        g = torch.div(_rows(dout, s, e, buf, "do"), den, out=gw[..., :dv_])
+        den = torch.linalg.vecdot(fq, zr).add_(eps).unsqueeze(-1)
+        g = torch.div(_rows(dout, s, e, buf, "do"), den, out=buf("g", fq.shape[:2] + S.shape[-1:]))
         a = torch.bmm(g, S.mT, out=buf("a", fq.shape))
-        w = _rowdot(fq, a, buf).div_(den)
-        torch.neg(w, out=gw[..., dv_:])
-        dstate = torch.bmm(fq.mT, gw)
+        w = torch.linalg.vecdot(fq, a).unsqueeze(-1).div_(den)
+        dS, dz = torch.bmm(fq.mT, g), torch.linalg.vecdot(fq, w, dim=1).neg_()
         if need_q:
-            fm.grad(a.addcmul_(w, z, value=-1.0), fq, aux, out=_slot(dq, s, e))
-        return dstate
-    dstate = _sweep(q_step, q.shape[2], chunk, q)
-    dS, dz = dstate[..., :dv_].contiguous(), dstate[..., dv_].unsqueeze(1)
+            fm.grad(a.addcmul_(w, zr, value=-1.0), fq, aux, out=_slot(dq, s, e))
+        return dS, dz
+    dS, dz = _sweep(q_step, q.shape[2], chunk, q)
+    dz = dz.unsqueeze(1)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_v else None
     def kv_step(s, e, buf):
@@ -236,17 +228,17 @@ class _LinearAttentionFn(torch.autograd.Function):
     def forward(ctx, q, k, v, feature_map: str, eps: float, chunk: int):
         fm = TORCH_FEATURE_MAPS[feature_map]
         with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-            out, state = _forward(q, k, v, fm, eps, chunk)
-        ctx.save_for_backward(q, k, v, state)  # the inputs and [S | z]: features are recomputed
+            out, S, z = _forward(q, k, v, fm, eps, chunk)
+        ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
         ctx.fm, ctx.eps, ctx.chunk = fm, eps, chunk
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
-        q, k, v, state = ctx.saved_tensors
+        q, k, v, S, z = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(dout, q, k, v, state, ctx.fm, ctx.eps, ctx.chunk, ctx.needs_input_grad[:3])
+            grads = _backward(dout, q, k, v, S, z, ctx.fm, ctx.eps, ctx.chunk, ctx.needs_input_grad[:3])
         return (*grads, None, None, None)
 
 
