@@ -98,17 +98,18 @@ def _spans(lo: int, hi: int, chunk: int):
 
 
 class _Scratch:
-    """Scratch tensors by (name, shape), reused from chunk to chunk of one sweep: a fresh MiB-sized
+    """Scratch tensors by name, reused from chunk to chunk of one sweep: a fresh MiB-sized
     allocation per op costs page faults that take longer than the op itself."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
         self.dtype, self.device, self.cache = dtype, device, {}
 
     def __call__(self, name: str, shape) -> torch.Tensor:
-        key = (name, tuple(shape))
-        if key not in self.cache:
-            self.cache[key] = torch.empty(key[1], dtype=self.dtype, device=self.device)
-        return self.cache[key]
+        numel = math.prod(shape)
+        flat = self.cache.get(name)
+        if flat is None or flat.numel() < numel:
+            flat = self.cache[name] = torch.empty(numel, dtype=self.dtype, device=self.device)
+        return flat[:numel].view(shape)
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -170,11 +171,16 @@ def _total(parts):
     return out
 
 
+def _rowdot(a, b, buf, dim: int = -1):
+    """sum over ``dim`` of a * b (b broadcast), through a scratch product: a (..., 1) bmm costs as
+    much as a full (..., d) one here, and ``vecdot`` allocates its product on every call."""
+    return torch.mul(a, b, out=buf("prod", a.shape)).sum(dim)
+
+
 def _state(k, v, fm: FeatureMap, chunk: int):
     """S = sum_j phi(k_j)^T v_j (BH, F, Dv) and z = sum_j phi(k_j) (BH, F), in fp32.
 
-    Separate, not one [S | z] matmul: an (F x Dv+1) product costs as much as (F x Dv+16) here.
-    Row sums and row dots below are ``vecdot``s: as (..., 1) bmms they cost as much as a full one."""
+    Separate, not one [S | z] matmul: an (F x Dv+1) product costs as much as (F x Dv+16) here."""
     def step(s, e, buf):
         fk, _ = fm.phi(_rows(k, s, e, buf, "k"), buf)
         return torch.bmm(fk.mT, _rows(v, s, e, buf, "v")), fk.sum(1)
@@ -187,7 +193,7 @@ def _forward(q, k, v, fm: FeatureMap, eps: float, chunk: int):
     def step(s, e, buf):
         fq, _ = fm.phi(_rows(q, s, e, buf, "q"), buf)
         num = torch.bmm(fq, S, out=buf("num", fq.shape[:2] + S.shape[-1:]))
-        den = torch.linalg.vecdot(fq, zr).add_(eps).unsqueeze(-1)
+        den = _rowdot(fq, zr, buf).add_(eps).unsqueeze(-1)
         torch.div(num, den, out=_slot(out, s, e))
     _sweep(step, q.shape[2], chunk, q)
     return out, S, z
@@ -199,11 +205,11 @@ def _backward(dout, q, k, v, S, z, fm: FeatureMap, eps: float, chunk: int, needs
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
     def q_step(s, e, buf):  # dq for tokens s:e and their share of dS, dz
         fq, aux = fm.phi(_rows(q, s, e, buf, "q"), buf)
-        den = torch.linalg.vecdot(fq, zr).add_(eps).unsqueeze(-1)
+        den = _rowdot(fq, zr, buf).add_(eps).unsqueeze(-1)
         g = torch.div(_rows(dout, s, e, buf, "do"), den, out=buf("g", fq.shape[:2] + S.shape[-1:]))
         a = torch.bmm(g, S.mT, out=buf("a", fq.shape))
-        w = torch.linalg.vecdot(fq, a).unsqueeze(-1).div_(den)
-        dS, dz = torch.bmm(fq.mT, g), torch.linalg.vecdot(fq, w, dim=1).neg_()
+        w = _rowdot(fq, a, buf).unsqueeze(-1).div_(den)
+        dS, dz = torch.bmm(fq.mT, g), _rowdot(fq, w, buf, dim=1).neg_()
         if need_q:
             fm.grad(a.addcmul_(w, zr, value=-1.0), fq, aux, out=_slot(dq, s, e))
         return dS, dz
