@@ -5,6 +5,7 @@
     python benchmarks/attention.py --device cuda --dtype bf16 --batch 64 --heads 1   # the GPU target
     python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8 inference
     python benchmarks/attention.py --e2e-only            # only that
+    python benchmarks/attention.py --device cpu --min-n 16384 --max-n 16384 --retain-freed-memory   # the CPU target
 
 Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is
 often written), linear eager (vitzoo's reference formula, matmul-shaped), linear fused (torch path;
@@ -18,6 +19,11 @@ reset of the mark (``/proc/self/clear_refs``), so it sees every allocation (trac
 miss torch's). The floor: CPU, the minimal matmul FLOPs over the measured sgemm rate; CUDA, the
 bytes each path must move (read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy
 bandwidth. Results: a table on stdout, ``attention_<device>.csv`` and ``.png`` under ``--out``.
+
+On CPU the naive formula's time depends on glibc's heap state: with the default thresholds its
+12 MB intermediates are page-faulted in again on every call, unless an earlier case (softmax at the
+same n) left a large heap behind. ``--retain-freed-memory`` (eval.py's setting) gives every
+mechanism a warm heap, so the times do not depend on the order the cases ran in.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from vitzoo.attention import functional as AF
+from vitzoo.training.allocator import retain_freed_memory
 
 MODES = ("fwd", "fwd+bwd")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -78,6 +85,8 @@ def parse_args(argv=None):
     p.add_argument("--e2e", action="store_true", help="also time ViT-Tiny 1024x1024/8 inference, linear vs softmax")
     p.add_argument("--e2e-only", action="store_true", help="only the end-to-end comparison (no sweep)")
     p.add_argument("--e2e-reps", type=int, default=2)
+    p.add_argument("--retain-freed-memory", action="store_true",
+                   help="CPU: keep freed blocks in glibc's heap for every mechanism (see the module docstring)")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.device = torch.device(args.device)
@@ -258,7 +267,8 @@ def report(args, times, memory, rate) -> None:
     fused = fused_name(args.device)
     names = args.mechanisms
     hw = (torch.cuda.get_device_name(args.device) if args.device.type == "cuda"
-          else f"CPU, {torch.get_num_threads()} threads")
+          else f"CPU, {torch.get_num_threads()} threads, "
+               + ("freed memory retained" if args.retain_freed_memory else "default allocator"))
     unit = "TFLOP/s sgemm" if args.device.type == "cpu" else "TB/s copy"
     print(f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]}; "
           f"floor rate {rate / 1e12:.3f} {unit}")
@@ -362,6 +372,8 @@ def main(argv=None) -> None:
             main([*argv, "--device", device])
         return
     args = parse_args(argv)
+    if args.retain_freed_memory and not retain_freed_memory():
+        print("--retain-freed-memory: not glibc, the C library's default is kept", file=sys.stderr)
     if args.memory_worker:
         return memory_worker(args)
     torch.manual_seed(0)
