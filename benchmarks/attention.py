@@ -372,8 +372,10 @@ def main(argv=None) -> None:
             main([*argv, "--device", device])
         return
     args = parse_args(argv)
-    if args.retain_freed_memory and not retain_freed_memory():
-        print("--retain-freed-memory: not glibc, the C library's default is kept", file=sys.stderr)
+    if args.retain_freed_memory:
+        args.retain_freed_memory = retain_freed_memory()  # the table header reports what took effect
+        if not args.retain_freed_memory:
+            print("--retain-freed-memory: not glibc, the C library's default is kept", file=sys.stderr)
     if args.memory_worker:
         return memory_worker(args)
     torch.manual_seed(0)
