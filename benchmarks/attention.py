@@ -8,8 +8,9 @@
     python benchmarks/attention.py --device cpu --min-n 16384 --max-n 16384 --retain-freed-memory   # the CPU target
 
 Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is
-often written), linear eager (vitzoo's reference formula, matmul-shaped), linear fused (torch path;
-and the Triton kernels on CUDA) and efficient attention. Mechanisms are interleaved within each
+often written), linear eager (vitzoo's reference formula, matmul-shaped), linear fused (the torch
+path: on CPU its steps in the compiled kernel, ``linear_torch``, and in torch ops, ``linear_torch_ops``;
+the Triton kernels on CUDA) and efficient attention. Mechanisms are interleaved within each
 repetition; a time is the best of the repetitions (``--stat min``, timeit's advice: on a shared
 machine noise only adds time) or their median (``--stat median``); ratios are against the fused
 linear path of the same run. Peak memory is the peak above the inputs:
@@ -41,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from vitzoo.attention import functional as AF
+from vitzoo.kernels import linear_attention_torch
 from vitzoo.training.allocator import retain_freed_memory
 
 MODES = ("fwd", "fwd+bwd")
@@ -60,6 +62,7 @@ MECHANISMS = {
     "linear_naive": linear_naive,
     "linear_eager": lambda q, k, v: AF.linear_attention(q, k, v, impl="eager"),
     "linear_torch": lambda q, k, v: AF.linear_attention(q, k, v, impl="torch"),
+    "linear_torch_ops": lambda q, k, v: linear_attention_torch(q, k, v, use_kernel=False),
     "linear_triton": lambda q, k, v: AF.linear_attention(q, k, v, impl="triton"),
     "efficient": lambda q, k, v: AF.efficient_attention(q, k, v),
 }

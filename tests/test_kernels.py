@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from vitzoo.attention import functional as AF
-from vitzoo.kernels import fused_linear_attention, triton_available
+from vitzoo.kernels import fused_linear_attention, linear_attention_torch, triton_available
+from vitzoo.kernels import cpu_kernel as CK
 
 EPS = 1e-6
 
@@ -60,14 +61,16 @@ SHAPES = [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (7, 1, 130, 64, 48), (1, 1, 130
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("impl,chunk", [("torch", None), ("torch", 8), ("eager", None)])
-def test_paths_match_float64_reference(feature_map, shape, impl, chunk):
+@pytest.mark.parametrize("impl,chunk,use_kernel", [("torch", None, None), ("torch", 8, None), ("torch", 8, False),
+                                                   ("eager", None, None)])
+def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kernel):
+    """torch path: the compiled CPU kernel where it serves (elu, relu) and torch ops (use_kernel=False)."""
     b, h, n, d, dv = shape
     q, k, v = make_qkv(b, h, n, d, dv)
     if impl == "eager":
         out = AF.linear_attention(q, k, v, feature_map, EPS, impl="eager")
     else:
-        out = fused_linear_attention(q, k, v, feature_map, EPS, impl=impl, chunk=chunk)
+        out = linear_attention_torch(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
     ref = reference(q, k, v, feature_map)
     assert out.shape == (b, h, n, dv) and out.dtype == torch.float32
     assert_close_rel(out, ref, 1e-5)
@@ -75,11 +78,79 @@ def test_paths_match_float64_reference(feature_map, shape, impl, chunk):
         assert_close_rel(g, g_ref, 1e-4)
 
 
-@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor"])
-def test_gradcheck_float64(feature_map):
+@pytest.mark.parametrize("feature_map,use_kernel", [("elu", True), ("relu", True), ("elu", False),
+                                                    ("relu", False), ("taylor", None)])
+def test_gradcheck_float64(feature_map, use_kernel):
     q, k, v = make_qkv(1, 2, 7, 4, 3, dtype=torch.float64)
-    fn = lambda q, k, v: fused_linear_attention(q, k, v, feature_map, EPS, impl="torch", chunk=3)  # noqa: E731
+    fn = lambda q, k, v: linear_attention_torch(q, k, v, feature_map, EPS, chunk=3, use_kernel=use_kernel)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_cpu_kernel_builds_here():
+    """CI has g++ and ninja: the kernel must build, or every kernel test above silently ran torch ops."""
+    x = torch.zeros(1)
+    assert CK.cpu_kernel(x, "elu") is not None
+    assert CK.cpu_kernel(x.bfloat16(), "elu") is None and CK.cpu_kernel(x, "taylor") is None
+
+
+def test_cpu_kernel_feature_map_matches_float64_exp():
+    """The kernel's own exp (a polynomial, no libm call) over fp32's whole range, through z = sum phi(k)
+    of one-row slices; below -87 (where exp leaves fp32's normal range) it may return ~1e-38."""
+    kernel = CK.cpu_kernel(torch.zeros(1), "elu")
+    x = torch.cat([torch.linspace(-100, 10, 20001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -86.9])])
+    rows = x.reshape(-1, 1, 1)
+    for name, expected in [("elu", phi_ref(x, "elu")), ("relu", phi_ref(x, "relu"))]:
+        _, z = kernel.state_step(rows, torch.ones_like(rows), torch.empty_like(rows), CK.CPU_KERNEL_MAPS.index(name))
+        rel = (z.flatten().double() - expected).abs() / expected.clamp_min(1e-30)
+        normal = x > -87
+        assert rel[normal].max() < 3e-7, name
+        assert (z.flatten()[~normal] < 2e-38).all()
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "packed"])
+@pytest.mark.parametrize("wanted", ["qkv", "q", "k", "v"])
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+def test_cpu_kernel_matches_torch_ops(feature_map, wanted, layout):
+    """Same values and gradients from the kernel's steps and torch's, for timm's packed qkv views,
+    uneven chunks, worker threads (one sample) and torch's threads (many slices)."""
+    for b, chunk in [(1, 37), (9, 64)]:
+        g = torch.Generator().manual_seed(0)
+        if layout == "packed":
+            base = torch.randn(b, 300, 3, 3, 32, generator=g).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            base = [torch.randn(b, 3, 300, 32, generator=g) for _ in range(3)]
+        results = []
+        for use_kernel in (True, False):
+            q, k, v = [t.clone().requires_grad_(name in wanted) for t, name in zip(base, "qkv")]
+            out = linear_attention_torch(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
+            results.append((out, grads(out, [t for t in (q, k, v) if t.requires_grad])))
+        (out, gs), (out_ref, gs_ref) = results
+        torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+        for g_, g_ref in zip(gs, gs_ref, strict=True):
+            torch.testing.assert_close(g_, g_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_cpu_kernel_fallback_and_switches(monkeypatch):
+    """A failed build warns once, names the fix and leaves torch ops running; VITZOO_CPU_KERNEL=0
+    skips the kernel; use_kernel=True where it cannot serve says why."""
+    q, k, v = make_qkv(1, 2, 40, 16, requires_grad=False)
+    expected = linear_attention_torch(q, k, v, use_kernel=False)
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: g++: command not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    with pytest.warns(RuntimeWarning, match="pip install ninja"):
+        assert CK._build.__wrapped__() is None
+    monkeypatch.setenv("VITZOO_CPU_KERNEL", "0")
+    assert CK.cpu_kernel(q, "elu") is None
+    torch.testing.assert_close(linear_attention_torch(q, k, v), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="use_kernel=None"):
+        linear_attention_torch(q, k, v, use_kernel=True)
+    monkeypatch.delenv("VITZOO_CPU_KERNEL")
+    with pytest.raises(ValueError, match="float32/float64 CPU"):
+        linear_attention_torch(q.bfloat16(), k.bfloat16(), v.bfloat16(), use_kernel=True)
 
 
 def test_auto_on_cpu_is_the_torch_path_and_functional_dispatches_to_it():

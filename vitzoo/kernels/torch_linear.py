@@ -11,6 +11,11 @@ g = dO / den, a = g S^T and w = (phi(q).a) / den the gradients are
 
 i.e. six (chunk x d x d) matmuls in all and one read of q, k, v, dO. Sums run in fp32 for any
 input dtype; outputs and gradients come back in the inputs' dtypes.
+
+Each chunk's work runs as one of two step sets with the same signatures: ``_KernelSteps``, the
+compiled CPU kernel (cpu_kernel.py; the feature map and the element-wise work fused into row loops,
+float32 / float64 CPU tensors, elu and relu), or ``_TorchSteps`` in torch ops (any device, dtype
+and feature map; the reference the kernel is tested against).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from torch.autograd.function import once_differentiable
 from vitzoo.attention.feature_maps import FEATURE_MAPS
 
 from ._threads import single_threaded_pool
+from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
 
 __all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 
@@ -177,66 +183,112 @@ def _rowdot(a, b, buf, dim: int = -1):
     return torch.mul(a, b, out=buf("prod", a.shape)).sum(dim)
 
 
-def _state(k, v, fm: FeatureMap, chunk: int):
-    """S = sum_j phi(k_j)^T v_j (BH, F, Dv) and z = sum_j phi(k_j) (BH, F), in fp32.
+class _TorchSteps:
+    """The per-chunk steps in torch ops (any device and dtype, every feature map)."""
 
-    Separate, not one [S | z] matmul: an (F x Dv+1) product costs as much as (F x Dv+16) here."""
-    def step(s, e, buf):
-        fk, _ = fm.phi(_rows(k, s, e, buf, "k"), buf)
+    def __init__(self, fm: FeatureMap, eps: float):
+        self.fm, self.eps = fm, eps
+
+    def state(self, k, v, s, e, buf):
+        """This chunk's S = phi(k)^T v (BH, F, Dv) and z = sum phi(k) (BH, F): separate products, as
+        an (F x Dv+1) one costs as much as (F x Dv+16) here."""
+        fk, _ = self.fm.phi(_rows(k, s, e, buf, "k"), buf)
         return torch.bmm(fk.mT, _rows(v, s, e, buf, "v")), fk.sum(1)
-    return _sweep(step, k.shape[2], chunk, k)
 
-
-def _forward(q, k, v, fm: FeatureMap, eps: float, chunk: int):
-    S, z = _state(k, v, fm, chunk)
-    out, zr = v.new_empty(q.shape[:3] + v.shape[3:]), z.unsqueeze(1)
-    def step(s, e, buf):
-        fq, _ = fm.phi(_rows(q, s, e, buf, "q"), buf)
+    def output(self, q, S, z, out, s, e, buf):
+        fq, _ = self.fm.phi(_rows(q, s, e, buf, "q"), buf)
         num = torch.bmm(fq, S, out=buf("num", fq.shape[:2] + S.shape[-1:]))
-        den = _rowdot(fq, zr, buf).add_(eps).unsqueeze(-1)
+        den = _rowdot(fq, z.unsqueeze(1), buf).add_(self.eps).unsqueeze(-1)
         torch.div(num, den, out=_slot(out, s, e))
-    _sweep(step, q.shape[2], chunk, q)
-    return out, S, z
 
-
-def _backward(dout, q, k, v, S, z, fm: FeatureMap, eps: float, chunk: int, needs):
-    need_q, need_k, need_v = needs
-    zr = z.unsqueeze(1)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
-    def q_step(s, e, buf):  # dq for tokens s:e and their share of dS, dz
-        fq, aux = fm.phi(_rows(q, s, e, buf, "q"), buf)
-        den = _rowdot(fq, zr, buf).add_(eps).unsqueeze(-1)
+    def query_grad(self, q, dout, S, z, dq, s, e, buf):
+        """dq for tokens s:e (when wanted) and their share of dS, dz."""
+        zr = z.unsqueeze(1)
+        fq, aux = self.fm.phi(_rows(q, s, e, buf, "q"), buf)
+        den = _rowdot(fq, zr, buf).add_(self.eps).unsqueeze(-1)
         g = torch.div(_rows(dout, s, e, buf, "do"), den, out=buf("g", fq.shape[:2] + S.shape[-1:]))
         a = torch.bmm(g, S.mT, out=buf("a", fq.shape))
         w = _rowdot(fq, a, buf).unsqueeze(-1).div_(den)
         dS, dz = torch.bmm(fq.mT, g), _rowdot(fq, w, buf, dim=1).neg_()
-        if need_q:
-            fm.grad(a.addcmul_(w, zr, value=-1.0), fq, aux, out=_slot(dq, s, e))
+        if dq is not None:
+            self.fm.grad(a.addcmul_(w, zr, value=-1.0), fq, aux, out=_slot(dq, s, e))
         return dS, dz
-    dS, dz = _sweep(q_step, q.shape[2], chunk, q)
-    dz = dz.unsqueeze(1)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_v else None
-    def kv_step(s, e, buf):
-        fk, aux = fm.phi(_rows(k, s, e, buf, "k"), buf)
-        if need_v:
+
+    def key_value_grad(self, k, v, dS, dz, dk, dv, s, e, buf):
+        fk, aux = self.fm.phi(_rows(k, s, e, buf, "k"), buf)
+        if dv is not None:
             _bmm_into(_slot(dv, s, e), fk, dS)
-        if need_k:
-            dfk = torch.baddbmm(dz, _rows(v, s, e, buf, "v"), dS.mT, out=buf("a", fk.shape))
-            fm.grad(dfk, fk, aux, out=_slot(dk, s, e))
-    if need_k or need_v:
-        _sweep(kv_step, k.shape[2], chunk, k)
+        if dk is not None:
+            dfk = torch.baddbmm(dz.unsqueeze(1), _rows(v, s, e, buf, "v"), dS.mT, out=buf("a", fk.shape))
+            self.fm.grad(dfk, fk, aux, out=_slot(dk, s, e))
+
+
+class _KernelSteps:
+    """The same steps in the compiled CPU kernel (cpu_kernel.py): float32 / float64, elu and relu."""
+
+    def __init__(self, kernel, feature_map: str, eps: float):
+        self.kernel, self.map, self.eps = kernel, CPU_KERNEL_MAPS.index(feature_map), eps
+
+    def state(self, k, v, s, e, buf):
+        kc = _rows(k, s, e, buf, "k")
+        return tuple(self.kernel.state_step(kc, _rows(v, s, e, buf, "v"), buf("f", kc.shape), self.map))
+
+    def output(self, q, S, z, out, s, e, buf):
+        qc = _rows(q, s, e, buf, "q")
+        self.kernel.output_step(qc, S, z, self.eps, self.map, buf("f", qc.shape), buf("den", qc.shape[:2]),
+                                _slot(out, s, e))
+
+    def query_grad(self, q, dout, S, z, dq, s, e, buf):
+        qc = _rows(q, s, e, buf, "q")
+        return tuple(self.kernel.query_grad_step(
+            qc, _rows(dout, s, e, buf, "do"), S, z, self.eps, self.map, buf("f", qc.shape),
+            buf("g", qc.shape[:2] + S.shape[-1:]), buf("a", qc.shape), buf("den", qc.shape[:2]),
+            None if dq is None else _slot(dq, s, e)))
+
+    def key_value_grad(self, k, v, dS, dz, dk, dv, s, e, buf):
+        kc = _rows(k, s, e, buf, "k")
+        self.kernel.key_value_grad_step(kc, _rows(v, s, e, buf, "v"), dS, dz, self.map, buf("f", kc.shape),
+                                        buf("a", kc.shape), None if dk is None else _slot(dk, s, e),
+                                        None if dv is None else _slot(dv, s, e))
+
+
+def _steps(q: torch.Tensor, feature_map: str, eps: float, use_kernel: Optional[bool]):
+    """The compiled CPU steps where they serve the inputs (and ``use_kernel`` is not False), else torch ops."""
+    kernel = cpu_kernel(q, feature_map) if use_kernel is not False else None
+    if use_kernel and kernel is None:
+        raise ValueError(f"the compiled CPU kernel cannot serve these inputs ({q.device.type}, {q.dtype}, "
+                         f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors and "
+                         f"{list(CPU_KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
+                         "pass use_kernel=None to fall back to torch ops")
+    return _KernelSteps(kernel, feature_map, eps) if kernel is not None else _TorchSteps(TORCH_FEATURE_MAPS[feature_map], eps)
+
+
+def _forward(q, k, v, steps, chunk: int):
+    S, z = _sweep(lambda s, e, buf: steps.state(k, v, s, e, buf), k.shape[2], chunk, k)
+    out = v.new_empty(q.shape[:3] + v.shape[3:])
+    _sweep(lambda s, e, buf: steps.output(q, S, z, out, s, e, buf), q.shape[2], chunk, q)
+    return out, S, z
+
+
+def _backward(dout, q, k, v, S, z, steps, chunk: int, needs):
+    def new(x, wanted):
+        return torch.empty_like(x, memory_format=torch.contiguous_format) if wanted else None
+
+    dq, dk, dv = (new(x, wanted) for x, wanted in zip((q, k, v), needs))
+    dS, dz = _sweep(lambda s, e, buf: steps.query_grad(q, dout, S, z, dq, s, e, buf), q.shape[2], chunk, q)
+    if dk is not None or dv is not None:
+        _sweep(lambda s, e, buf: steps.key_value_grad(k, v, dS, dz, dk, dv, s, e, buf), k.shape[2], chunk, k)
     return dq, dk, dv
 
 
 class _LinearAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, feature_map: str, eps: float, chunk: int):
-        fm = TORCH_FEATURE_MAPS[feature_map]
+    def forward(ctx, q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
+        steps = _steps(q, feature_map, eps, use_kernel)
         with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-            out, S, z = _forward(q, k, v, fm, eps, chunk)
+            out, S, z = _forward(q, k, v, steps, chunk)
         ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
-        ctx.fm, ctx.eps, ctx.chunk = fm, eps, chunk
+        ctx.steps, ctx.chunk = steps, chunk
         return out
 
     @staticmethod
@@ -244,13 +296,18 @@ class _LinearAttentionFn(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, S, z = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(dout, q, k, v, S, z, ctx.fm, ctx.eps, ctx.chunk, ctx.needs_input_grad[:3])
-        return (*grads, None, None, None)
+            grads = _backward(dout, q, k, v, S, z, ctx.steps, ctx.chunk, ctx.needs_input_grad[:3])
+        return (*grads, None, None, None, None)
 
 
 def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
-                           eps: float = 1e-6, chunk: Optional[int] = None) -> torch.Tensor:
-    """Chunked kernel attention on (B, H, N, D) tensors; ``chunk`` tokens per step (None = ~1 MiB buffers)."""
+                           eps: float = 1e-6, chunk: Optional[int] = None,
+                           use_kernel: Optional[bool] = None) -> torch.Tensor:
+    """Chunked kernel attention on (B, H, N, D) tensors; ``chunk`` tokens per step (None = ~1 MiB buffers).
+
+    ``use_kernel``: None runs the steps in the compiled CPU kernel where it serves the inputs (float32 /
+    float64 CPU tensors, elu or relu) and in torch ops otherwise; True insists on the kernel, False on torch ops.
+    """
     if feature_map not in TORCH_FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
     if chunk is None:
@@ -258,4 +315,4 @@ def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
         chunk = chunk_tokens(q.shape[0] * q.shape[1], width, max(q.shape[2], k.shape[2]), q.device)
     elif chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
-    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk)
+    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)
