@@ -65,6 +65,9 @@ def _build() -> Optional[ModuleType]:
     log.info("vitzoo: building the CPU linear-attention kernel for %s (once per machine, about a minute)",
              capability)
     try:
+        compiler = os.environ.get("CXX", "c++")
+        if shutil.which(compiler) is None:
+            raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
         return cpp_extension.load(
             name=f"vitzoo_linear_attention_cpu_{capability.lower()}",
             sources=[str(_SOURCE)],
