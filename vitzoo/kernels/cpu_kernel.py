@@ -62,8 +62,8 @@ def _build() -> Optional[ModuleType]:
     cpp_extension = _import_builder()
     capability = torch.backends.cpu.get_cpu_capability()
     _ensure_ninja_on_path()
-    log.info("vitzoo: building the CPU linear-attention kernel for %s (once per machine, about a minute)",
-             capability)
+    log.info("vitzoo: loading the CPU linear-attention kernel for %s (built on first use: about a minute, "
+             "once per machine)", capability)
     try:
         compiler = os.environ.get("CXX", "c++")
         if shutil.which(compiler) is None:
