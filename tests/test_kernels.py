@@ -107,16 +107,18 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
         assert (z.flatten()[~normal] < 2e-38).all()
 
 
-@pytest.mark.parametrize("layout", ["bhnd", "packed"])
+@pytest.mark.parametrize("layout", ["bhnd", "packed", "bhdn"])
 @pytest.mark.parametrize("wanted", ["qkv", "q", "k", "v"])
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 def test_cpu_kernel_matches_torch_ops(feature_map, wanted, layout):
-    """Same values and gradients from the kernel's steps and torch's, for timm's packed qkv views,
-    uneven chunks, worker threads (one sample) and torch's threads (many slices)."""
+    """Same values and gradients from the kernel's steps and torch's, for timm's packed qkv views, a
+    transposed feature dim, uneven chunks, worker threads (one sample) and torch's threads (many slices)."""
     for b, chunk in [(1, 37), (9, 64)]:
         g = torch.Generator().manual_seed(0)
         if layout == "packed":
             base = torch.randn(b, 300, 3, 3, 32, generator=g).permute(2, 0, 3, 1, 4).unbind(0)
+        elif layout == "bhdn":  # feature dim not unit-stride: chunks are copied into contiguous rows
+            base = [torch.randn(b, 3, 32, 300, generator=g).transpose(-1, -2) for _ in range(3)]
         else:
             base = [torch.randn(b, 3, 300, 32, generator=g) for _ in range(3)]
         results = []

@@ -124,10 +124,12 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 
 def _rows(x: torch.Tensor, s: int, e: int, buf: _Scratch, name: str) -> torch.Tensor:
-    """Tokens s:e of a (B, H, N, D) tensor as (B*H, e-s, D) in the accumulation dtype: a view
-    when the layout and dtype allow, else a copy into scratch."""
+    """Tokens s:e of a (B, H, N, D) tensor as (B*H, e-s, D) in the accumulation dtype with contiguous
+    rows (the kernel's row loops need them): a view when the layout and dtype allow, else a copy into scratch."""
     part = x[:, :, s:e]
-    if part.dtype == buf.dtype and (1 in part.shape[:2] or part.stride(0) == part.shape[1] * part.stride(1)):
+    rows_contiguous = part.shape[-1] <= 1 or part.stride(-1) == 1
+    merges = 1 in part.shape[:2] or part.stride(0) == part.shape[1] * part.stride(1)
+    if part.dtype == buf.dtype and rows_contiguous and merges:
         return part.flatten(0, 1)  # a view (row strides of e.g. timm's packed qkv are fine for bmm)
     out = buf(name, part.shape)
     return out.copy_(part).flatten(0, 1)
