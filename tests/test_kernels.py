@@ -249,6 +249,41 @@ def test_forked_child_gets_its_own_workers():
     torch.testing.assert_close(torch.from_numpy(out), base)
 
 
+@pytest.mark.parametrize("feature_map", ["elu", "taylor"])
+def test_double_backward_float64(feature_map):
+    """create_graph=True gives a differentiable backward (the eager formula's): gradgradcheck."""
+    q, k, v = make_qkv(1, 2, 5, 3, dtype=torch.float64)
+    assert torch.autograd.gradgradcheck(lambda a, b, c: linear_attention_torch(a, b, c, feature_map), (q, k, v))
+
+
+def test_gradient_penalty_through_shared_qkv_matches_eager():
+    """Self-attention (q, k, v one tensor) from a weight: d/dW |d out / dx|^2, each role counted once."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 1, 9, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    penalties = []
+    for impl in ("torch", "eager"):
+        qkv = x @ w
+        (gx,) = torch.autograd.grad(AF.linear_attention(qkv, qkv, qkv, impl=impl).sum(), x, create_graph=True)
+        penalties.append(torch.autograd.grad(gx.pow(2).sum(), w)[0])
+    torch.testing.assert_close(*penalties)
+
+
+@pytest.mark.parametrize("impl", ["auto", "torch"])
+@pytest.mark.parametrize("shapes", [((1, 2, 0, 4),) * 3, ((1, 2, 5, 4), (1, 2, 0, 4), (1, 2, 0, 3)),
+                                    ((0, 2, 5, 4),) * 3, ((1, 2, 5, 4), (1, 2, 3, 4), (1, 2, 3, 0))],
+                         ids=["no-tokens", "no-keys", "no-batch", "no-value-dims"])
+def test_empty_inputs_follow_the_formula(shapes, impl):
+    """No tokens, keys, batch or value dims: the formula's (possibly empty) result, zeros without keys."""
+    q, k, v = (torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes)
+    out = fused_linear_attention(q, k, v, impl=impl)
+    expected = AF.linear_attention(q, k, v, impl="eager")
+    assert out.shape == expected.shape == shapes[0][:3] + shapes[2][3:]
+    torch.testing.assert_close(out, expected)
+    for g, g_ref in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+        torch.testing.assert_close(g, g_ref)
+
+
 @pytest.mark.parametrize("wanted", [(True, False, False), (False, True, False), (False, False, True)])
 def test_partial_requires_grad(wanted):
     q, k, v = make_qkv(1, 2, 40, 16, requires_grad=False)
@@ -302,6 +337,8 @@ def test_bad_inputs_raise_errors_that_name_the_fix():
         fused_linear_attention(q, k[..., :8], v)
     with pytest.raises(ValueError, match="dtype"):
         fused_linear_attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="one device"):
+        fused_linear_attention(q, k.to("meta"), v)
     with pytest.raises(ValueError, match="chunk"):
         fused_linear_attention(q, k, v, impl="torch", chunk=0)
 
@@ -322,6 +359,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
     import json, os, sys
     assert os.environ["TRITON_INTERPRET"] == "1"
     import torch
+    from vitzoo.attention import functional as AF
     from vitzoo.kernels import fused_linear_attention
     from test_kernels import assert_close_rel, grads, reference
 
@@ -345,6 +383,16 @@ _TRITON_SCRIPT = textwrap.dedent("""
             assert_close_rel(g, g_ref, 1e-4)
         assert torch.equal(fused_linear_attention(q, k, v, fm, impl="triton"), out)  # deterministic
         checked.append(fm)
+    w = torch.randn(16, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    x = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    penalties = []
+    for impl in ("triton", "eager"):  # create_graph=True: a differentiable backward
+        qkv = x @ w
+        (gx,) = torch.autograd.grad(AF.linear_attention(qkv, qkv, qkv, impl=impl).sum(), x, create_graph=True)
+        penalties.append(torch.autograd.grad(gx.pow(2).sum(), w)[0])
+    assert_close_rel(*penalties, 1e-4)
+    empty = fused_linear_attention(*[torch.randn(0, 2, 5, 16)] * 3, impl="triton")  # nothing to launch
+    assert empty.shape == (0, 2, 5, 16)
     try:
         fused_linear_attention(q, k, v, "taylor", impl="triton")
         taylor = "ran"

@@ -42,7 +42,7 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
     if not triton_available():
         return "triton is not installed (pip install triton)"
     if not q.is_cuda and not triton_interpreting():
-        return f"the Triton kernels need CUDA tensors, got {q.device.type} ones"
+        return f"the Triton kernels need CUDA tensors, got {q.device.type} ones (move q, k, v to a CUDA device)"
     from .triton_linear import MAX_HEAD_DIM, TRITON_FEATURE_MAPS
 
     if feature_map not in TRITON_FEATURE_MAPS:
@@ -61,8 +61,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; q and k "
                          "need the same (B, H, *, D), k and v the same (B, H, N, *)")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError("q and k need at least one token each")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them with .to()")
     if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them first")
 
@@ -74,6 +74,8 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     q, k: (B, H, N, D), v: (B, H, N, Dv) -> (B, H, N, Dv) in v's dtype, sums in fp32. ``impl``:
     ``triton`` (CUDA; CPU only under TRITON_INTERPRET=1), ``torch`` (chunked autograd Function,
     ``chunk`` tokens per step, None = automatic) or ``auto`` (Triton where it serves the inputs).
+    Empty inputs (no tokens, heads or channels) take the torch path whatever ``impl``; with no keys
+    the output is zeros (S = 0, z = 0).
     """
     if impl not in FUSED_IMPLS:
         hint = " (the eager formula is vitzoo.attention.functional.linear_attention(impl='eager'))" \
@@ -82,13 +84,12 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     if feature_map not in TORCH_FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
     _check_inputs(q, k, v)
-    if impl != "torch":
+    if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch
         refusal = _triton_refusal(q, v, feature_map)
         if refusal is None and (impl == "triton" or q.is_cuda):
             from .triton_linear import linear_attention_triton
 
             return linear_attention_triton(q, k, v, feature_map, eps)
         if impl == "triton":
-            raise ValueError(f"impl='triton' cannot run here: {refusal}; use impl='torch' or 'auto'"
-                             + (", or move q, k, v to a CUDA device" if not q.is_cuda else ""))
+            raise ValueError(f"impl='triton' cannot run here: {refusal}; use impl='torch' or 'auto'")
     return linear_attention_torch(q, k, v, feature_map, eps, chunk)

@@ -23,10 +23,10 @@ import math
 from typing import Callable, NamedTuple, Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from vitzoo.attention.feature_maps import FEATURE_MAPS
 
+from ._double_backward import eager_grads
 from ._threads import single_threaded_pool
 from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
 
@@ -98,8 +98,8 @@ def chunk_tokens(batch_heads: int, width: int, num_tokens: int, device: torch.de
 
 
 def _spans(lo: int, hi: int, chunk: int):
-    """range(lo, hi) cut into ceil((hi - lo) / chunk) near-equal (start, end) pieces."""
-    m = max(1, -(-(hi - lo) // chunk))
+    """range(lo, hi) cut into ceil((hi - lo) / chunk) near-equal (start, end) pieces (one when empty)."""
+    m = max(1, -(-(hi - lo) // max(1, chunk)))
     return [(lo + (hi - lo) * i // m, lo + (hi - lo) * (i + 1) // m) for i in range(m)]
 
 
@@ -290,13 +290,15 @@ class _LinearAttentionFn(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
             out, S, z = _forward(q, k, v, steps, chunk)
         ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
-        ctx.steps, ctx.chunk = steps, chunk
+        ctx.steps, ctx.chunk, ctx.feature_map, ctx.eps = steps, chunk, feature_map, eps
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
         q, k, v, S, z = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            return (*eager_grads(q, k, v, dout, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3]),
+                    None, None, None, None)
         with torch.autocast(q.device.type, enabled=False):
             grads = _backward(dout, q, k, v, S, z, ctx.steps, ctx.chunk, ctx.needs_input_grad[:3])
         return (*grads, None, None, None, None)

@@ -12,12 +12,14 @@ count are fixed, so S, z, dS, dz have the same bits in every process.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 from . import triton_interpreting
+from ._double_backward import eager_grads
 
 __all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM"]
 
@@ -263,19 +265,27 @@ def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None)
 
 
+def _on_device_of(x: torch.Tensor):
+    """Launches go to the current CUDA device: make it x's (tensors on cuda:1 while cuda:0 is current)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
 class _TritonLinearAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, feature_map: str, eps: float):
-        out, S, z = _forward(q, k, v, feature_map, eps)
+        with _on_device_of(q):
+            out, S, z = _forward(q, k, v, feature_map, eps)
         ctx.save_for_backward(q, k, v, S, z)
         ctx.feature_map, ctx.eps = feature_map, eps
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
         q, k, v, S, z = ctx.saved_tensors
-        grads = _backward(dout, q, k, v, S, z, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3])
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            return (*eager_grads(q, k, v, dout, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3]), None, None)
+        with _on_device_of(q):
+            grads = _backward(dout, q, k, v, S, z, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3])
         return (*grads, None, None)
 
 
