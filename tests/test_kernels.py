@@ -95,16 +95,26 @@ def test_cpu_kernel_builds_here():
 
 def test_cpu_kernel_feature_map_matches_float64_exp():
     """The kernel's own exp (a polynomial, no libm call) over fp32's whole range, through z = sum phi(k)
-    of one-row slices; below -87 (where exp leaves fp32's normal range) it may return ~1e-38."""
+    of one-row slices: relative error < 3e-7 where exp is a normal fp32 number, below (x < -87.3) the
+    subnormal within one step of 2^-149 (0 below -104), as expf gives."""
     kernel = CK.cpu_kernel(torch.zeros(1), "elu")
-    x = torch.cat([torch.linspace(-100, 10, 20001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -86.9])])
+    x = torch.cat([torch.linspace(-110, 10, 24001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -87.4, -103.9])])
     rows = x.reshape(-1, 1, 1)
     for name, expected in [("elu", phi_ref(x, "elu")), ("relu", phi_ref(x, "relu"))]:
         _, z = kernel.state_step(rows, torch.ones_like(rows), torch.empty_like(rows), CK.CPU_KERNEL_MAPS.index(name))
-        rel = (z.flatten().double() - expected).abs() / expected.clamp_min(1e-30)
-        normal = x > -87
-        assert rel[normal].max() < 3e-7, name
-        assert (z.flatten()[~normal] < 2e-38).all()
+        err = (z.flatten().double() - expected).abs()
+        normal = expected >= torch.finfo(torch.float32).tiny
+        assert (err[normal] / expected[normal]).max() < 3e-7, name
+        assert err[~normal].max() <= 2.0 ** -149, name
+
+
+def test_cpu_kernel_keeps_subnormal_features_apart():
+    """eps = 0 and every elu feature below fp32's normal range: the weights still follow exp(q.k)
+    (a clamp to the smallest normal made both features equal: 0.5 here)."""
+    q, k, v = torch.tensor([[[[-95.0, -105.0]]]]), torch.tensor([[[[5.0, -5.0], [-5.0, 5.0]]]]), torch.tensor([[[[1.0], [0.0]]]])
+    expected = reference(q, k, v, "elu", eps=0.0)
+    for use_kernel in (True, False):
+        assert_close_rel(linear_attention_torch(q, k, v, "elu", eps=0.0, use_kernel=use_kernel), expected, 1e-3)
 
 
 @pytest.mark.parametrize("layout", ["bhnd", "packed", "bhdn"])

@@ -17,10 +17,17 @@ namespace {
 enum Map : int64_t { kElu = 0, kRelu = 1 };  // the order of cpu_linear.CPU_FEATURE_MAPS
 
 // exp(x) for x <= 0 without a libm call: Cody-Waite reduction and Cephes' expf polynomial
-// (relative error < 1e-7), clamped at -87 where fp32 leaves the normal range.
+// (relative error < 1e-7). 2^n is applied as two normal factors, so that below fp32's normal range
+// (x < -87.3) the result is the rounded subnormal, as expf's is, and 0 below -104.
+inline float pow2(float n) {  // 2^n for an integer n in [-126, 127]
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
 inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = std::max(x, -104.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);  // in [-150, 0]
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -29,10 +36,8 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  const float high = std::max(n, -125.0f);  // p 2^high is normal; one rounding, in the last product
+  return p * pow2(high) * pow2(n - high);
 }
 inline double exp_nonpositive(double x) { return std::exp(x); }
 
@@ -101,21 +106,21 @@ std::vector<at::Tensor> state_step(const at::Tensor& k, const at::Tensor& v, con
 // out = phi(q) S / (phi(q).z + eps) of one chunk, written into out (a view of the result).
 template <Map M, typename T>
 void output_step(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, double eps, const at::Tensor& f,
-                 const at::Tensor& inv_den, at::Tensor out) {
+                 const at::Tensor& den, at::Tensor out) {
   const int64_t rows = q.size(1), width = q.size(2), dv = out.size(2);
   const Rows<T> qs(q), fs(f), os(out);
   const T* zp = z.data_ptr<T>();
-  T* id = inv_den.data_ptr<T>();
+  T* dn = den.data_ptr<T>();
   for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
     phi_row<M>(qs(b, r), fs(b, r), width);
-    id[b * rows + r] = T(1) / (dot(fs(b, r), zp + b * width, width) + T(eps));
+    dn[b * rows + r] = dot(fs(b, r), zp + b * width, width) + T(eps);
   });
   at::bmm_out(out, f, S);
   for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
     T* __restrict o = os(b, r);
-    const T s = id[b * rows + r];
+    const T s = dn[b * rows + r];
 #pragma omp simd
-    for (int64_t i = 0; i < dv; ++i) o[i] *= s;
+    for (int64_t i = 0; i < dv; ++i) o[i] /= s;
   });
 }
 
@@ -124,21 +129,21 @@ void output_step(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, 
 template <Map M, typename T>
 std::vector<at::Tensor> query_grad_step(const at::Tensor& q, const at::Tensor& dout, const at::Tensor& S,
                                         const at::Tensor& z, double eps, const at::Tensor& f, const at::Tensor& g,
-                                        at::Tensor a, const at::Tensor& inv_den, const c10::optional<at::Tensor>& dq) {
+                                        at::Tensor a, const at::Tensor& den, const c10::optional<at::Tensor>& dq) {
   const int64_t rows = q.size(1), width = q.size(2), dv = g.size(2);
   auto dz = at::zeros({q.size(0), width}, q.options());
   const Rows<T> qs(q), dos(dout), fs(f), gs(g), as(a), dqs(dq.has_value() ? *dq : a);
   const T* zp = z.data_ptr<T>();
   T* dzp = dz.data_ptr<T>();
-  T* id = inv_den.data_ptr<T>();
+  T* dn = den.data_ptr<T>();
   for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
     phi_row<M>(qs(b, r), fs(b, r), width);
-    const T inv = T(1) / (dot(fs(b, r), zp + b * width, width) + T(eps));
+    const T s = dot(fs(b, r), zp + b * width, width) + T(eps);
     const T* __restrict d = dos(b, r);
     T* __restrict gr = gs(b, r);
-    id[b * rows + r] = inv;
+    dn[b * rows + r] = s;
 #pragma omp simd
-    for (int64_t i = 0; i < dv; ++i) gr[i] = d[i] * inv;
+    for (int64_t i = 0; i < dv; ++i) gr[i] = d[i] / s;
   });
   at::bmm_out(a, g, S.mT());
   auto dS = at::bmm(f.mT(), g);
@@ -148,7 +153,7 @@ std::vector<at::Tensor> query_grad_step(const at::Tensor& q, const at::Tensor& d
     const T* __restrict ar = as(b, r);
     const T* __restrict zb = zp + b * width;
     T* __restrict dzb = dzp + b * width;
-    const T w = dot(fr, ar, width) * id[b * rows + r];
+    const T w = dot(fr, ar, width) / dn[b * rows + r];
 #pragma omp simd
     for (int64_t i = 0; i < width; ++i) dzb[i] -= w * fr[i];
     if (!write_dq) return;
@@ -203,13 +208,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return VITZOO_DISPATCH(state_step, k, map, k, v, f);
   }, nogil);
   m.def("output_step", [](const Tensor& q, const Tensor& S, const Tensor& z, double eps, int64_t map,
-                          const Tensor& f, const Tensor& inv_den, const Tensor& out) {
-    VITZOO_DISPATCH(output_step, q, map, q, S, z, eps, f, inv_den, out);
+                          const Tensor& f, const Tensor& den, const Tensor& out) {
+    VITZOO_DISPATCH(output_step, q, map, q, S, z, eps, f, den, out);
   }, nogil);
   m.def("query_grad_step", [](const Tensor& q, const Tensor& dout, const Tensor& S, const Tensor& z, double eps,
-                              int64_t map, const Tensor& f, const Tensor& g, const Tensor& a, const Tensor& inv_den,
+                              int64_t map, const Tensor& f, const Tensor& g, const Tensor& a, const Tensor& den,
                               const OptTensor& dq) {
-    return VITZOO_DISPATCH(query_grad_step, q, map, q, dout, S, z, eps, f, g, a, inv_den, dq);
+    return VITZOO_DISPATCH(query_grad_step, q, map, q, dout, S, z, eps, f, g, a, den, dq);
   }, nogil);
   m.def("key_value_grad_step", [](const Tensor& k, const Tensor& v, const Tensor& dS, const Tensor& dz, int64_t map,
                                   const Tensor& f, const Tensor& dfk, const OptTensor& dk, const OptTensor& dv) {
