@@ -1,4 +1,4 @@
-// Per-chunk steps of the CPU linear-attention path (vitzoo/kernels/cpu_linear.py): the feature map,
+// Per-chunk steps of the CPU linear-attention path (vitzoo/kernels/torch_linear.py, built by cpu_kernel.py): the feature map,
 // the normaliser and the element-wise work of each step fused into one or two row loops, the six
 // (chunk x d x d) products left to ATen's bmm (MKL). Tensors are (slices, rows, width) with unit
 // column stride; float32, or float64 for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1)
@@ -14,7 +14,7 @@
 
 namespace {
 
-enum Map : int64_t { kElu = 0, kRelu = 1 };  // the order of cpu_linear.CPU_FEATURE_MAPS
+enum Map : int64_t { kElu = 0, kRelu = 1 };  // the order of cpu_kernel.CPU_KERNEL_MAPS
 
 // exp(x) for x <= 0 without a libm call: Cody-Waite reduction and Cephes' expf polynomial
 // (relative error < 1e-7). 2^n is applied as two normal factors, so that below fp32's normal range
