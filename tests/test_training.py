@@ -104,6 +104,13 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
     assert crashed["global_step"] == 11 and crashed["epoch"] == 1
     assert crashed["lr_schedulers"][0]["last_epoch"] == 11
 
+    # Another attention has weights of the same shapes: resuming with it must stop, not train it silently.
+    (tmp_path / "crash" / ".hydra").mkdir()
+    (tmp_path / "crash" / ".hydra" / "overrides.yaml").write_text("- model=vit_linear\n- data=synthetic\n")
+    with pytest.raises(ValueError, match=r"was trained with attention=.*'linear'.*this run: .*'softmax'.*"
+                                         r"started with 'model=vit_linear data=synthetic'"):
+        train(compose_config(tmp_path / "other", [*base, "model=vit_softmax", *FAST_VIT, f"ckpt_path={last}"]))
+
     resumed = train(compose_config(tmp_path / "resumed", [*base, f"ckpt_path={last}"]))
     assert resumed["global_step"] == full["global_step"] and resumed["epoch"] == full["epoch"]
     final, reference = (read_checkpoint(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("resumed", "full"))

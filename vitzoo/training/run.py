@@ -72,6 +72,31 @@ def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
 
 
+_MODEL_HPARAMS = ("arch", "attention", "model_kwargs", "num_classes", "img_size", "in_chans", "mean", "std")
+
+
+def _run_overrides(ckpt_path: str) -> List[str]:
+    """The command-line overrides the checkpoint's run was started with (its .hydra/overrides.yaml), if found."""
+    path = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
+    found = OmegaConf.load(path) if path.is_file() else []
+    return [o for o in found if isinstance(o, str) and not o.startswith("ckpt_path=")]
+
+
+def _check_resume(checkpoint: Dict[str, Any], module: L.LightningModule, ckpt_path: str) -> None:
+    """Resuming builds the network from this run's config: it must be the checkpoint's (same-shaped
+    weights of another attention would load silently)."""
+    saved = checkpoint.get("hyper_parameters") or {}
+    def same(a, b) -> bool:
+        return json.dumps(_plain(a), sort_keys=True, default=str) == json.dumps(_plain(b), sort_keys=True, default=str)
+    differ = [f"{key}={saved[key]!r} (this run: {module.hparams[key]!r})" for key in _MODEL_HPARAMS
+              if key in saved and key in module.hparams and not same(saved[key], module.hparams[key])]
+    if differ:
+        overrides = _run_overrides(ckpt_path)
+        again = f": its run was started with '{' '.join(overrides)}'" if overrides else ""
+        raise ValueError(f"ckpt_path={ckpt_path!r} was trained with {'; '.join(differ)}; resume with the model= and "
+                         f"data= options it was trained with{again}")
+
+
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Fit ``cfg`` (resuming from ``cfg.ckpt_path`` when set); returns the final metrics.
 
@@ -84,10 +109,12 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     ckpt_path = cfg.get("ckpt_path")
-    if ckpt_path:
-        read_checkpoint(ckpt_path)  # a clear error for a missing / corrupted file, before Lightning's
+    checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None  # clear errors before Lightning's
     datamodule = instantiate_config(cfg.data)
     module = instantiate_config(cfg.module) if "_target_" in cfg.module else build_classifier(cfg, datamodule)
+    if checkpoint is not None:
+        _check_resume(checkpoint, module, ckpt_path)
+        del checkpoint
     loggers = _instantiate_all(cfg.get("logger"))
     trainer = instantiate_config(cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=loggers or False)
     for logger in trainer.loggers:
