@@ -93,6 +93,14 @@ def test_cpu_kernel_builds_here():
     assert CK.cpu_kernel(x.bfloat16(), "elu") is None and CK.cpu_kernel(x, "taylor") is None
 
 
+def test_cpu_kernel_build_folder_is_per_install(monkeypatch, tmp_path):
+    """Two checkouts / venvs sharing TORCH_EXTENSIONS_DIR build into different folders (torch's build
+    files hold absolute source paths: one shared folder was rebuilt by each in turn)."""
+    tag = CK._install_tag()
+    monkeypatch.setattr(CK, "_SOURCE", tmp_path / "csrc" / "linear_attention_cpu.cpp")
+    assert CK._install_tag() != tag and len(tag) == 8
+
+
 def test_cpu_kernel_feature_map_matches_float64_exp():
     """The kernel's own exp (a polynomial, no libm call) over fp32's whole range, through z = sum phi(k)
     of one-row slices: relative error < 3e-7 where exp is a normal fp32 number, below (x < -87.3) the

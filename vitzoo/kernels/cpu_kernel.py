@@ -1,14 +1,16 @@
 """The compiled CPU steps of the chunked linear-attention path (csrc/linear_attention_cpu.cpp).
 
 Built on first use with torch's JIT extension builder (g++ and ninja, about a minute, once per
-machine: the build is cached under ``TORCH_EXTENSIONS_DIR``, ~/.cache/torch_extensions by default)
-for the instruction set torch itself runs with. Where it cannot be built the torch path runs on
+installed copy and CPU: the build is cached under ``TORCH_EXTENSIONS_DIR``, ~/.cache/torch_extensions
+by default, in a folder named after the source's path, so checkouts and venvs sharing the cache do
+not rebuild each other's) for the instruction set torch itself runs with. Where it cannot be built the torch path runs on
 plain torch ops instead (about 1.5x slower at 16k tokens on a 2-core AVX2 machine), after one
 warning. ``VITZOO_CPU_KERNEL=0`` skips the build and uses the torch ops.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -57,19 +59,25 @@ def _import_builder():
     return cpp_extension
 
 
+def _install_tag() -> str:
+    """8 hex digits of the source's path: torch's build files hold absolute paths, so two installs
+    sharing one extension folder would rebuild it for each other on every run."""
+    return hashlib.sha1(str(_SOURCE.resolve()).encode()).hexdigest()[:8]
+
+
 @functools.lru_cache(maxsize=None)
 def _build() -> Optional[ModuleType]:
     cpp_extension = _import_builder()
     capability = torch.backends.cpu.get_cpu_capability()
     _ensure_ninja_on_path()
     log.info("vitzoo: loading the CPU linear-attention kernel for %s (built on first use: about a minute, "
-             "once per machine)", capability)
+             "once per install)", capability)
     try:
         compiler = os.environ.get("CXX", "c++")
         if shutil.which(compiler) is None:
             raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
         return cpp_extension.load(
-            name=f"vitzoo_linear_attention_cpu_{capability.lower()}",
+            name=f"vitzoo_linear_attention_cpu_{capability.lower()}_{_install_tag()}",
             sources=[str(_SOURCE)],
             extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math", *_ARCH_FLAGS.get(capability, [])],
             extra_ldflags=["-fopenmp"],
