@@ -8,11 +8,12 @@ import sys
 
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
 
 import vitzoo
 from conftest import CONFIGS, FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config
 from vitzoo.attention import ZooAttention
-from vitzoo.training import build_classifier, train
+from vitzoo.training import build_classifier, train, user_errors
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
 
@@ -78,6 +79,23 @@ def test_unknown_mechanism_option_names_the_valid_ones(tmp_path):
     cfg = compose_config(tmp_path, [*FAST_DATA, "model=vit_linear", "+model.attention.temperature=2"])
     with pytest.raises(ValueError, match="temperature.*valid options"):
         build_classifier(cfg, _instantiate_data(cfg))
+
+
+def test_misspelt_model_kwarg_and_non_numeric_option_name_the_fix(tmp_path):
+    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "+model.kwargs.dept=6"])
+    with pytest.raises(ValueError, match="unexpected keyword argument 'dept'.*model.kwargs"):
+        build_classifier(cfg, _instantiate_data(cfg))
+    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "module.optim.lr=abc"])
+    with pytest.raises(ValueError, match="module.optim.lr must be a number, got 'abc'"):
+        build_classifier(cfg, _instantiate_data(cfg))
+
+
+def test_a_required_value_left_out_is_one_line_naming_it(tmp_path):
+    for overrides, name, key in [([], "eval", "ckpt_path"), (["data=imagefolder"], "train", "data.root")]:
+        cfg = compose_config(tmp_path, overrides, name=name)
+        with pytest.raises(SystemExit, match=f"^error: {key} is required.*pass {key}=... on the command line$"):
+            with user_errors():
+                OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
 def test_missing_data_dir_names_the_fix(tmp_path):

@@ -23,4 +23,10 @@ def create_model(arch: str, attention: AttentionSpec = "softmax", **kwargs) -> n
     """Build ``arch`` with ``attention`` (a name or ``{"name": ..., options}``); kwargs go to timm."""
     if arch not in _ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {list_models()}")
-    return timm.create_model(arch, attention=attention, **kwargs)
+    try:
+        return timm.create_model(arch, attention=attention, **kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise ValueError(f"{arch}: {err}; check the spelling of the model's keyword arguments "
+                         f"(train.py: model.kwargs.*), timm's {arch} signature lists them") from None

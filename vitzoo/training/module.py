@@ -35,6 +35,9 @@ def _options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[st
     unknown = sorted(set(given or {}) - set(defaults))
     if unknown:
         raise ValueError(f"{name} has no option(s) {unknown}; valid options: {sorted(defaults)}")
+    for key, value in (given or {}).items():
+        if isinstance(defaults[key], float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{name}.{key} must be a number, got {value!r}")
     return {**defaults, **(given or {})}
 
 

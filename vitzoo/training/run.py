@@ -13,6 +13,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from .callbacks import AttentionEntropy
 from .evaluate import read_checkpoint
@@ -28,9 +29,11 @@ def user_errors() -> Iterator[None]:
     """Print a configuration / data error as one line on stderr and exit 1 (traceback with VITZOO_TRACEBACK=1)."""
     try:
         yield
-    except USER_ERRORS as err:
+    except (*USER_ERRORS, MissingMandatoryValue) as err:
         if os.environ.get("VITZOO_TRACEBACK"):
             raise
+        if isinstance(err, MissingMandatoryValue):
+            err = f"{err.full_key} is required (??? in the config); pass {err.full_key}=... on the command line"
         sys.exit(f"error: {err}")
 
 
