@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 
@@ -235,6 +236,23 @@ def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
     torch.save(checkpoint, tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="do not fit the architecture it names \\(nonlocal_resnet18_cifar"):
         evaluate(f"ckpt_path={tmp_path / 'other.ckpt'}")
+
+
+def test_eval_warns_when_the_run_trained_on_other_data(checkpoints, tmp_path, caplog):
+    """Same class count, other data: the checkpoint's run (.hydra/config.yaml) says what it trained on."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    shutil.copy(checkpoints["vit_softmax"], run / "checkpoints" / "last.ckpt")
+    (run / ".hydra" / "config.yaml").write_text("data:\n  _target_: vitzoo.data.SyntheticDataModule\n")
+    for data, warned in [([], True), (["data=synthetic", "data.img_size=16"], False)]:
+        caplog.clear()
+        evaluate_checkpoints(compose_config(tmp_path / "e", [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+                                                             "robustness=clean", "robustness.progress=false", *data],
+                                            name="eval"))
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert any("trained on SyntheticDataModule but is evaluated on DigitsDataModule: pass the data=" in m
+                   for m in said) == warned, said
 
 
 def test_attention_noise_switches_every_layer_on_and_restores_it(checkpoints):

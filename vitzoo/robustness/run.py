@@ -5,6 +5,7 @@ one record per checkpoint x test x level), ``robustness.csv``, PNG plots and Ten
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -13,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Subset
 
-from vitzoo.training import instantiate_config, load_classifier, write_json
+from vitzoo.training import instantiate_config, load_classifier, run_record, write_json
 
 from .report import log_tensorboard, plot_results, summarize, write_results
 from .sweep import CLEAN, Sweep, patch_multiple, resolution_size, run_pass, sweep_passes
@@ -22,6 +23,7 @@ __all__ = ["evaluate_checkpoints", "checkpoint_entries", "derive_labels"]
 
 SWEEP_KEYS = ("corruptions", "severities", "protocol", "logit_noise", "resolutions", "seed")
 Entry = Tuple[Optional[str], str]  # (label or None, checkpoint path)
+log = logging.getLogger(__name__)
 
 
 def checkpoint_entries(spec: Any) -> List[Entry]:
@@ -102,6 +104,22 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _data_identity(data: Any) -> str:
+    """What tells two data configs apart: the data module class and its root folder (if any)."""
+    name = str(data.get("_target_")).rsplit(".", 1)[-1]
+    return f"{name} at {data['root']}" if data.get("root") else name
+
+
+def _warn_if_trained_on_other_data(path: str, data: DictConfig) -> None:
+    """The checkpoint's run recorded its data config: say so when this evaluation reads other data
+    (same class count, so nothing else would notice; evaluating elsewhere on purpose stays possible)."""
+    record = run_record(path, "config.yaml")
+    trained = OmegaConf.load(record).get("data") if record is not None else None
+    if trained is not None and _data_identity(trained) != _data_identity(data):
+        log.warning("%s was trained on %s but is evaluated on %s: pass the data=... (and data.root) it was "
+                    "trained with to evaluate it on its own data", path, _data_identity(trained), _data_identity(data))
+
+
 def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
     rob = cfg.robustness
@@ -113,6 +131,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
         if hp["num_classes"] != num_classes:
             raise ValueError(f"{path} has {hp['num_classes']} classes but the data has {num_classes}; "
                              f"pass the data=... it was trained on")
+        _warn_if_trained_on_other_data(path, cfg.data)
     channels = {len(hp["mean"]) for _, hp in loaded}
     if len(channels) > 1:
         raise ValueError(f"the checkpoints take different channel counts {sorted(channels)}; evaluate them separately")

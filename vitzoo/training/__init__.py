@@ -1,6 +1,6 @@
 """Lightning training: the classifier module, optimiser/schedule, callbacks, evaluation, run helpers."""
 from .callbacks import AttentionEntropy
-from .evaluate import evaluate, load_classifier, read_checkpoint
+from .evaluate import evaluate, load_classifier, read_checkpoint, run_record
 from .module import ImageClassifier, build_model
 from .optim import build_optimizer, build_scheduler, warmup_cosine
 from .run import build_classifier, instantiate_config, train, user_errors, write_json
@@ -8,5 +8,5 @@ from .run import build_classifier, instantiate_config, train, user_errors, write
 __all__ = [
     "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
     "build_optimizer", "build_scheduler", "warmup_cosine", "train", "build_classifier", "instantiate_config", "write_json",
-    "user_errors",
+    "user_errors", "run_record",
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from .module import build_model
 
-__all__ = ["read_checkpoint", "load_classifier", "evaluate"]
+__all__ = ["read_checkpoint", "load_classifier", "evaluate", "run_record"]
 
 _REQUIRED = ("arch", "attention", "num_classes", "img_size")
 
@@ -35,6 +36,13 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ValueError(f"ckpt_path={path!r} holds no 'state_dict'; pass a Lightning .ckpt written by train.py")
     return checkpoint
+
+
+def run_record(ckpt_path: str, name: str) -> Optional[Path]:
+    """``.hydra/<name>`` (config.yaml, overrides.yaml) of the train.py run a checkpoint was written by
+    (``<run>/checkpoints/<file>.ckpt``), or None when the checkpoint no longer sits in its run directory."""
+    path = Path(ckpt_path).resolve().parent.parent / ".hydra" / name
+    return path if path.is_file() else None
 
 
 def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from .callbacks import AttentionEntropy
-from .evaluate import read_checkpoint
+from .evaluate import read_checkpoint, run_record
 from .module import ImageClassifier
 
 __all__ = ["train", "build_classifier", "user_errors", "instantiate_config", "write_json"]
@@ -80,8 +80,8 @@ _MODEL_HPARAMS = ("arch", "attention", "model_kwargs", "num_classes", "img_size"
 
 def _run_overrides(ckpt_path: str) -> List[str]:
     """The command-line overrides the checkpoint's run was started with (its .hydra/overrides.yaml), if found."""
-    path = Path(ckpt_path).resolve().parent.parent / ".hydra" / "overrides.yaml"
-    found = OmegaConf.load(path) if path.is_file() else []
+    path = run_record(ckpt_path, "overrides.yaml")
+    found = OmegaConf.load(path) if path is not None else []
     return [o for o in found if isinstance(o, str) and not o.startswith("ckpt_path=")]
 
 
