@@ -196,7 +196,7 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
     with FlopCounterMode(display=False) as counter:
         model(x[:1])
     return {"params": params, "flops_per_image": counter.get_total_flops(),
-            "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak}
+            "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak, "batch_size": batch_size}
 
 
 def profile(runs: List[Run], batch_size: int, steps: int) -> None:
@@ -339,6 +339,9 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
             shutil.copy(eval_dir / png, out / png)
     _plot_summary(rows, out / "summary.png")
     exp = (ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").relative_to(ROOT)
+    profiled = [json.loads((r.dir / "profile.json").read_text()) for r in runs if (r.dir / "profile.json").is_file()]
+    batches = sorted({p["batch_size"] for p in profiled if "batch_size" in p})
+    batch = "batch " + " / ".join(map(str, batches)) if batches else "batch size not recorded"
     sweep = robustness.get("sweep", {})
     text = [
         f"# Zoo benchmark, `{budget_name}` budget", "",
@@ -349,7 +352,7 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
         f"{budget.eval_images or 'all'} val images (Gaussian noise severities {sweep.get('severities')}, protocol "
         f"{sweep.get('protocol') or 'by size'}; logit-noise sigma in {sweep.get('logit_noise')}; inputs at "
         f"{sweep.get('resolutions')} x the training size). Accuracies in %, one value per seed.",
-        "Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, batch 128) / peak "
+        f"Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, {batch}) / peak "
         "memory (resident set above the process baseline during those steps) come from the profile phase, run one "
         "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
         "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "

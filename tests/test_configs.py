@@ -109,6 +109,8 @@ def test_corrupted_resume_checkpoint_names_the_fix(tmp_path):
     bad.write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError, match="not a readable checkpoint.*point ckpt_path at"):
         train(compose_config(tmp_path, [f"ckpt_path={bad}", *QUIET]))
+    with pytest.raises(ValueError, match="is a folder; pass one checkpoint file in it: last.ckpt"):
+        train(compose_config(tmp_path, [f"ckpt_path={tmp_path}", *QUIET]))
 
 
 def test_multirun_sweeps_presets(tmp_path):

@@ -45,6 +45,7 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
         assert 0.0 <= float(row["val acc"]) <= 1.0 and 0.0 < float(row["entropy init"]) <= 1.0 + 1e-6
     table = (out / "results.md").read_text()
     assert "| softmax | `vit_softmax` | 0,1 |" in table and "--override trainer.max_epochs=1" in table
+    assert "img/s (training step, batch 8)" in table
     for png in ("summary.png", "corruptions.png", "logit_noise.png", "resolution.png"):
         assert (out / png).stat().st_size > 0
 

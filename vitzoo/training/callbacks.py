@@ -45,7 +45,7 @@ class AttentionEntropy(L.Callback):
         if trainer.sanity_checking:
             return
         entropy = self._measure(trainer, pl_module)
-        pl_module.log_dict({f"entropy/{name}": value for name, value in entropy.items()})
+        pl_module.log_dict({f"entropy/{name}": value for name, value in entropy.items()}, sync_dist=True)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"initial": dict(self.initial)}

@@ -20,6 +20,10 @@ _REQUIRED = ("arch", "attention", "num_classes", "img_size")
 def read_checkpoint(path: str) -> Dict[str, Any]:
     """A Lightning checkpoint as a dict, unpickled with ``weights_only=True`` (no arbitrary code)."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        found = sorted(p.name for p in Path(path).glob("*.ckpt"))
+        raise ValueError(f"ckpt_path={path!r} is a folder; pass one checkpoint file"
+                         + (f" in it: {', '.join(found[:5])}" if found else ", e.g. <run>/checkpoints/last.ckpt"))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ckpt_path={path!r} does not exist; pass a .ckpt written by train.py, "
                                 f"e.g. logs/train/runs/<date>/checkpoints/last.ckpt")
