@@ -65,9 +65,10 @@ def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
     try:
         model = build_model(hparams)
         model.load_state_dict(state)
-    except (TypeError, RuntimeError) as err:
+    except (TypeError, ValueError, RuntimeError) as err:  # ValueError: create_model's unknown keyword
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = lines[1] if len(lines) > 1 and type(err) is RuntimeError else lines[0] if lines else type(err).__name__
+        detail = detail.split("; ")[0]  # the cause, not the fix meant for a config
         raise ValueError(f"ckpt_path={os.fspath(path)!r}: its weights do not fit the architecture it names "
                          f"({hparams['arch']}, attention {hparams['attention']}): {detail[:200]}; the checkpoint was "
                          f"edited or mixes two models, use the .ckpt train.py wrote for that run") from None
