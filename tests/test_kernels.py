@@ -119,7 +119,8 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
 def test_cpu_kernel_keeps_subnormal_features_apart():
     """eps = 0 and every elu feature below fp32's normal range: the weights still follow exp(q.k)
     (a clamp to the smallest normal made both features equal: 0.5 here)."""
-    q, k, v = torch.tensor([[[[-95.0, -105.0]]]]), torch.tensor([[[[5.0, -5.0], [-5.0, 5.0]]]]), torch.tensor([[[[1.0], [0.0]]]])
+    q = torch.tensor([[[[-95.0, -105.0]]]])
+    k, v = torch.tensor([[[[5.0, -5.0], [-5.0, 5.0]]]]), torch.tensor([[[[1.0], [0.0]]]])
     expected = reference(q, k, v, "elu", eps=0.0)
     for use_kernel in (True, False):
         assert_close_rel(linear_attention_torch(q, k, v, "elu", eps=0.0, use_kernel=use_kernel), expected, 1e-3)

@@ -78,6 +78,11 @@ def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
 _MODEL_HPARAMS = ("arch", "attention", "model_kwargs", "num_classes", "img_size", "in_chans", "mean", "std")
 
 
+def _canonical(value: Any) -> str:
+    """One spelling per value (tuples and lists, config nodes and dicts alike), for comparisons."""
+    return json.dumps(_plain(value), sort_keys=True, default=str)
+
+
 def _run_overrides(ckpt_path: str) -> List[str]:
     """The command-line overrides the checkpoint's run was started with (its .hydra/overrides.yaml), if found."""
     path = run_record(ckpt_path, "overrides.yaml")
@@ -89,10 +94,8 @@ def _check_resume(checkpoint: Dict[str, Any], module: L.LightningModule, ckpt_pa
     """Resuming builds the network from this run's config: it must be the checkpoint's (same-shaped
     weights of another attention would load silently)."""
     saved = checkpoint.get("hyper_parameters") or {}
-    def same(a, b) -> bool:
-        return json.dumps(_plain(a), sort_keys=True, default=str) == json.dumps(_plain(b), sort_keys=True, default=str)
     differ = [f"{key}={saved[key]!r} (this run: {module.hparams[key]!r})" for key in _MODEL_HPARAMS
-              if key in saved and key in module.hparams and not same(saved[key], module.hparams[key])]
+              if key in saved and key in module.hparams and _canonical(saved[key]) != _canonical(module.hparams[key])]
     if differ:
         overrides = _run_overrides(ckpt_path)
         again = f": its run was started with '{' '.join(overrides)}'" if overrides else ""

@@ -1,5 +1,5 @@
-// Per-chunk steps of the CPU linear-attention path (vitzoo/kernels/torch_linear.py, built by cpu_kernel.py): the feature map,
-// the normaliser and the element-wise work of each step fused into one or two row loops, the six
+// Per-chunk steps of the CPU linear-attention path (torch_linear.py; built by cpu_kernel.py): the
+// feature map, the normaliser and the element-wise work of each step fused into one or two row loops, the six
 // (chunk x d x d) products left to ATen's bmm (MKL). Tensors are (slices, rows, width) with unit
 // column stride; float32, or float64 for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1)
 // (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above), relu -> [f > 0]. Built with -fno-trapping-math so
