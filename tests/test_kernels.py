@@ -288,6 +288,23 @@ def test_gradient_penalty_through_shared_qkv_matches_eager():
     torch.testing.assert_close(*penalties)
 
 
+def test_torch_func_grad_and_per_sample_grads_match_eager():
+    """torch.func: grad, vmap (the mapped dim folded into the batch, or broadcast) and vmap(grad(...))."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 1, 3, 10, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(8, 8, generator=g, dtype=torch.float64)
+
+    def loss(impl):
+        return lambda w, x: AF.linear_attention(x @ w, x, x @ w.T, impl=impl).pow(2).sum()
+
+    for transform in (lambda f: torch.func.grad(f)(w, x[0]), lambda f: torch.vmap(torch.func.grad(f), (None, 0))(w, x)):
+        torch.testing.assert_close(transform(loss("torch")), transform(loss("eager")))
+    for in_dims, k in [(0, x), ((0, None, 0), x[0])]:  # k mapped, or one k for every sample
+        out = [torch.vmap(lambda q, k, v: AF.linear_attention(q, k, v, impl=impl), in_dims)(x, k, -x)
+               for impl in ("torch", "eager")]
+        torch.testing.assert_close(*out)
+
+
 @pytest.mark.parametrize("impl", ["auto", "torch"])
 @pytest.mark.parametrize("shapes", [((1, 2, 0, 4),) * 3, ((1, 2, 5, 4), (1, 2, 0, 4), (1, 2, 0, 3)),
                                     ((0, 2, 5, 4),) * 3, ((1, 2, 5, 4), (1, 2, 3, 4), (1, 2, 3, 0))],
@@ -410,6 +427,9 @@ _TRITON_SCRIPT = textwrap.dedent("""
         (gx,) = torch.autograd.grad(AF.linear_attention(qkv, qkv, qkv, impl=impl).sum(), x, create_graph=True)
         penalties.append(torch.autograd.grad(gx.pow(2).sum(), w)[0])
     assert_close_rel(*penalties, 1e-4)
+    xs = torch.randn(3, 1, 2, 40, 16, generator=torch.Generator().manual_seed(2))
+    vmapped = [torch.vmap(lambda a: AF.linear_attention(a, a, a, impl=impl))(xs) for impl in ("triton", "eager")]
+    assert_close_rel(*vmapped, 1e-5)
     empty = fused_linear_attention(*[torch.randn(0, 2, 5, 16)] * 3, impl="triton")  # nothing to launch
     assert empty.shape == (0, 2, 5, 16)
     try:

@@ -26,7 +26,7 @@ import torch
 
 from vitzoo.attention.feature_maps import FEATURE_MAPS
 
-from ._double_backward import eager_grads
+from ._autograd import eager_grads, vmap_by_folding
 from ._threads import single_threaded_pool
 from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
 
@@ -284,17 +284,27 @@ def _backward(dout, q, k, v, S, z, steps, chunk: int, needs):
 
 
 class _LinearAttentionFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
-        steps = _steps(q, feature_map, eps, use_kernel)
-        with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-            out, S, z = _forward(q, k, v, steps, chunk)
-        ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
-        ctx.steps, ctx.chunk, ctx.feature_map, ctx.eps = steps, chunk, feature_map, eps
-        return out
+    """(out, S, z); S and z are not differentiable outputs (returned for backward's ``setup_context``)."""
 
     @staticmethod
-    def backward(ctx, dout):
+    def forward(q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
+        with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
+            return _forward(q, k, v, _steps(q, feature_map, eps, use_kernel), chunk)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, feature_map, eps, chunk, use_kernel = inputs
+        _, S, z = output
+        ctx.mark_non_differentiable(S, z)
+        ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
+        ctx.steps, ctx.chunk, ctx.feature_map, ctx.eps = _steps(q, feature_map, eps, use_kernel), chunk, feature_map, eps
+
+    @staticmethod
+    def vmap(info, in_dims, *inputs):
+        return vmap_by_folding(_LinearAttentionFn, info, in_dims, *inputs)
+
+    @staticmethod
+    def backward(ctx, dout, _dS, _dz):
         q, k, v, S, z = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
             return (*eager_grads(q, k, v, dout, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3]),
@@ -319,4 +329,4 @@ def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
         chunk = chunk_tokens(q.shape[0] * q.shape[1], width, max(q.shape[2], k.shape[2]), q.device)
     elif chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
-    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)
+    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)[0]
