@@ -17,7 +17,8 @@ from vitzoo.data import DigitsDataModule
 from vitzoo.diagnostics import attention_entropy
 from vitzoo.robustness import Pass, Sweep, attention_noise, run_pass, summarize, sweep_passes
 from vitzoo.robustness.run import evaluate_checkpoints
-from vitzoo.robustness.sweep import ENTROPY_IMAGES
+from vitzoo.robustness.report import write_results
+from vitzoo.robustness.sweep import ENTROPY_IMAGES, resolution_size
 from vitzoo.training import load_classifier, read_checkpoint, train
 
 TINY = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
@@ -114,6 +115,20 @@ def test_resolution_pass_runs_at_a_patch_multiple(checkpoints):
     layers = attention_entropy(model, (images - mean) / std)
     assert len(layers) == 2 and result["entropy"] == pytest.approx(sum(layers.values()) / 2, rel=1e-6)
     assert 0.0 < result["entropy"] < 1.0
+
+
+def test_resolution_sizes_round_halves_up_to_the_patch():
+    assert [resolution_size(20, f, 4) for f in (0.5, 0.7, 0.1, 1.5)] == [12, 16, 4, 32]  # 2.5 -> 3 patches, not 2
+
+
+def test_results_are_strict_json_when_a_metric_is_nan(tmp_path):
+    """A diverged checkpoint's NaN loss is written as null (a bare NaN is not JSON)."""
+    record = {"checkpoint": "a", "test": "clean", "level": 0, "acc1": 0.1, "loss": float("nan")}
+    write_results([record], {"a": {"mce": float("inf")}}, tmp_path, {"path": tmp_path})
+    strict = json.loads((tmp_path / "robustness.json").read_text(),
+                        parse_constant=lambda name: pytest.fail(f"{name} in robustness.json"))
+    assert strict["records"][0]["loss"] is None and strict["summary"]["a"]["mce"] is None
+    assert strict["path"] == str(tmp_path)
 
 
 def test_sweep_lists_every_pass_clean_first():
@@ -230,6 +245,8 @@ def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
         evaluate(f"ckpt_path={ckpt}", "robustness.baseline=nothing")
     with pytest.raises(ValueError, match="has 10 classes but the data has 3; pass the data"):
         evaluate(f"ckpt_path={ckpt}", "data=synthetic", "data.num_classes=3")
+    with pytest.raises(ValueError, match=r"resolutions=\[1.0, 1.1\] give the sizes \[16, 16\] px .*drop"):
+        evaluate(f"ckpt_path={ckpt}", "robustness.resolutions=[1.0,1.1]")
     # A checkpoint whose weights belong to another architecture than the one it names.
     checkpoint = read_checkpoint(ckpt)
     checkpoint["hyper_parameters"]["arch"] = "nonlocal_resnet18_cifar"

@@ -7,12 +7,13 @@ or ``resolution`` (level = image size in pixels).
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+from vitzoo.training import write_json
 
 from .corruptions import CORRUPTIONS
 from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
@@ -88,20 +89,11 @@ def _corruption_errors(tests: Dict[str, Dict[float, dict]], base: Dict[str, Dict
 def write_results(records: Sequence[dict], summary: Dict[str, Any], out_dir: Path, meta: Dict[str, Any]) -> None:
     """``robustness.json`` (meta, per-checkpoint summary, records) and ``robustness.csv`` (records)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {**meta, "summary": summary, "records": list(records)}
-    (out_dir / "robustness.json").write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    write_json(out_dir / "robustness.json", {**meta, "summary": summary, "records": list(records)})
     with open(out_dir / "robustness.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RECORD_FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(records)
-
-
-def _json_default(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, int]) -> List[Path]:

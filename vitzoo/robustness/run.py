@@ -137,6 +137,13 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
         raise ValueError(f"the checkpoints take different channel counts {sorted(channels)}; evaluate them separately")
     labels = derive_labels(entries, [hp for _, hp in loaded])
     baseline = labels[base_index] if base_index is not None else None
+    sizes = {label: [resolution_size(hp["img_size"], r, patch_multiple(m)) for r in sweep.resolutions]
+             for label, (m, hp) in zip(labels, loaded)}
+    for label, (m, hp) in zip(labels, loaded):
+        if len(set(sizes[label])) < len(sizes[label]):  # records are keyed by pixel size: one would hide another
+            raise ValueError(f"robustness.resolutions={list(sweep.resolutions)} give the sizes {sizes[label]} px for "
+                             f"{label} (trained at {hp['img_size']}, inputs a multiple of {patch_multiple(m)}): drop "
+                             f"the factors that repeat a size")
     loader_at = _unit_loaders(cfg.data, channels.pop(), rob.get("max_images"))
     device = _device(cfg.device)
 
@@ -154,9 +161,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     out = Path(cfg.paths.output_dir)
     checkpoints = {
         label: {"path": os.path.abspath(path), "arch": hp["arch"], "attention": hp["attention"],
-                "img_size": hp["img_size"],
-                "resolution_sizes": [resolution_size(hp["img_size"], r, patch_multiple(m)) for r in sweep.resolutions]}
-        for label, (_, path), (m, hp) in zip(labels, entries, loaded)}
+                "img_size": hp["img_size"], "resolution_sizes": sizes[label]}
+        for label, (_, path), (_, hp) in zip(labels, entries, loaded)}
     summary = summarize(records, baseline)
     write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline,
                                           "sweep": {k: getattr(sweep, k) for k in SWEEP_KEYS}})

@@ -9,6 +9,7 @@ scale is meant to hold steady across resolutions.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -88,8 +89,8 @@ def sweep_passes(sweep: Sweep) -> List[Pass]:
 
 
 def resolution_size(img_size: int, factor: float, multiple: int) -> int:
-    """``factor * img_size`` rounded to a multiple of ``multiple`` (the patch size), at least one multiple."""
-    return max(multiple, int(round(factor * img_size / multiple)) * multiple)
+    """``factor * img_size`` rounded (halves up) to a multiple of ``multiple`` (the patch size), at least one."""
+    return max(multiple, math.floor(factor * img_size / multiple + 0.5) * multiple)
 
 
 def patch_multiple(model: nn.Module) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -65,10 +66,22 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
         mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with NaN / inf floats as None (strict JSON has no literal for them: a diverged loss)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
+
+
 def write_json(path: Path, metrics: Dict[str, Any]) -> None:
-    """``metrics`` as indented, key-sorted JSON at ``path`` (parent folders created)."""
+    """``metrics`` as indented, key-sorted strict JSON at ``path`` (parent folders created; paths as
+    strings, NaN / inf as null)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(_strict(metrics), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
