@@ -137,6 +137,23 @@ def test_log_n_scale_equals_sqrt_d_at_training_tokens_and_follows_formula_elsewh
         assert not torch.allclose(log_n(x), sqrt_d(x), **TOL)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_log_n_scale_counts_the_keys_each_query_attends(fused):
+    """ATTENTION.md section 1: n is the number of keys a query actually attends (a mask, causal rows)."""
+    d, n_train, n = 8, 16, 49
+    attn = build({"name": "softmax", "scale": "log_n", "train_tokens": n_train, "fused": fused})
+    x = tokens(N=n, seed=3)
+    q, k, v = module_qkv(attn, x)
+    padded = torch.zeros(n, n, dtype=torch.bool)
+    padded[:, :n_train] = True  # every query sees the training count: the sqrt_d scale, whatever the padding
+    expected = softmax_ref(q, k, v, scale=d ** -0.5, mask=padded)[0]
+    torch.testing.assert_close(attn(x, attn_mask=padded).double(), module_out(attn, expected), **TOL)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    per_row = torch.arange(1, n + 1, dtype=torch.float64).clamp_min(2).log().unsqueeze(-1) * d ** 0.5 / math.log(n_train) / d
+    expected = softmax_ref(q, k, v, scale=per_row, mask=causal)[0]
+    torch.testing.assert_close(attn(x, is_causal=True).double(), module_out(attn, expected), **TOL)
+
+
 def test_log_n_scale_uses_the_model_token_count_by_default():
     attn = build({"name": "softmax", "scale": "log_n"}, tokens=25)
     same = build({"name": "softmax"}, tokens=25)
@@ -261,6 +278,8 @@ def test_unknown_option_lists_valid_options():
     ({"name": "efficient", "logit_noise": -1.0}, {}, ">= 0"),
     ({"name": "softmax", "heads": "projected"}, dict(dim=10, num_heads=3), "head_dim"),
     ({"name": "softmax", "head_dim": 0}, {}, "positive integer"),
+    ("linear", dict(attn_drop=0.1), "attn_drop_rate=0"),
+    ("efficient", dict(attn_drop=0.1), "nothing to drop"),
 ])
 def test_bad_options_are_value_errors_naming_the_fix(spec, kwargs, fix):
     kwargs = {"dim": 16, "num_heads": 2, **kwargs}
@@ -272,6 +291,8 @@ def test_bad_options_are_value_errors_naming_the_fix(spec, kwargs, fix):
 def test_log_n_scale_needs_a_training_token_count_outside_a_model():
     with pytest.raises(ValueError, match="train_tokens"):
         build_attention({"name": "softmax", "scale": "log_n"}, 16, num_heads=2)
+    with pytest.raises(ValueError, match="at least 2 tokens at training, got 1.*scale: sqrt_d"):
+        build_attention({"name": "softmax", "scale": "log_n", "train_tokens": 1}, 16, num_heads=2)
 
 
 @pytest.mark.parametrize("name", ["softmax", "linear", "efficient"])

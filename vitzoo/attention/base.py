@@ -60,7 +60,7 @@ class ZooAttention(nn.Module):
     """
 
     projections: Sequence[str] = ("q", "k", "v")
-    has_logits: bool = True
+    has_logits: bool = True  # False: no n x n attention matrix is ever formed (so nothing for attn_drop)
 
     def __init__(
             self,
@@ -100,6 +100,10 @@ class ZooAttention(nn.Module):
             raise ValueError("qk_norm / scale_norm need a norm_layer")
         if logit_noise < 0:
             raise ValueError(f"logit_noise is a standard deviation and must be >= 0, got {logit_noise}")
+        if attn_drop > 0 and not self.has_logits:
+            raise ValueError(f"attn_drop={attn_drop}: {type(self).__name__} never forms the attention matrix, so it "
+                             "has nothing to drop; set attn_drop_rate=0 (regularise with proj_drop_rate or "
+                             "drop_path_rate instead)")
         self.num_heads, self.head_dim, self.heads = num_heads, head_dim, heads
         self.attn_dim = num_heads * head_dim
         self.logit_noise = float(logit_noise)

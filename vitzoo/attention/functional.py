@@ -42,14 +42,25 @@ def acc(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def entropy_scale(head_dim: int, num_keys: int, train_keys: int) -> float:
+def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: int) -> Scale:
     """Entropy-invariant scale kappa*log(n)/d with kappa = sqrt(d)/log(n_train) (seed 004).
 
-    Equals 1/sqrt(d) at ``num_keys == train_keys`` and grows like log(n) beyond it.
+    Equals 1/sqrt(d) at ``num_keys == train_keys`` and grows like log(n) beyond it. ``num_keys`` may
+    be a tensor of per-query counts (the keys each query attends under a mask): a tensor of scales.
     """
-    if train_keys < 2 or num_keys < 1:
-        raise ValueError(f"log_n scale needs train_keys >= 2 and num_keys >= 1, got {train_keys}, {num_keys}")
-    return math.sqrt(head_dim) / math.log(train_keys) * math.log(max(num_keys, 2)) / head_dim
+    if train_keys < 2 or (not isinstance(num_keys, torch.Tensor) and num_keys < 1):
+        raise ValueError(f"log_n scale needs train_keys >= 2 and num_keys >= 1, got {train_keys}, {num_keys}; "
+                         "train at more than one token, or use scale: sqrt_d")
+    log_n = num_keys.clamp_min(2).log() if isinstance(num_keys, torch.Tensor) else math.log(max(num_keys, 2))
+    return math.sqrt(head_dim) / math.log(train_keys) * log_n / head_dim
+
+
+def attended_keys(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Keys each query attends under ``attn_mask`` (bool: True = attend; additive: finite), shape (..., Nq, 1)."""
+    if attn_mask is None:
+        return None
+    keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
+    return keep.sum(-1, keepdim=True)
 
 
 def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:

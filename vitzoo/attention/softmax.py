@@ -28,6 +28,9 @@ def check_scale(mode: str, train_keys: Optional[int]) -> None:
     if mode == "log_n" and not train_keys:
         raise ValueError("scale='log_n' needs the training token count: build it inside a vitzoo model "
                          "or set train_tokens=<tokens at training resolution>")
+    if mode == "log_n" and train_keys < 2:
+        raise ValueError(f"scale='log_n' needs at least 2 tokens at training, got {train_keys} (log 1 = 0 sets no "
+                         "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)")
 
 
 @register_attention("softmax")
@@ -49,19 +52,28 @@ class SoftmaxAttention(ZooAttention):
     def logit_scale(self, num_keys: int) -> float:
         return logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
 
+    def scaled_queries(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]):
+        """(q, scale) for the logits. The log-n scale counts the keys each query attends (ATTENTION.md
+        section 1): under a mask that differs by query, so it is folded into q's rows (scale 1)."""
+        counts = AF.attended_keys(attn_mask) if self.uses_log_n else None
+        if counts is None:
+            return q, self.logit_scale(k.shape[-2])
+        return q * AF.entropy_scale(self.head_dim, counts, self.train_tokens).to(q.dtype), 1.0
+
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         if is_causal:
             attn_mask = _causal_mask(q, k, attn_mask)
-        return AF.softmax_attention(q, k, v, scale=self.logit_scale(k.shape[-2]), logit_noise=logit_noise,
-                                    attn_mask=attn_mask, fused=self.fused,
-                                    dropout_p=self.attn_drop.p if self.training else 0.0)
+        q, scale = self.scaled_queries(q, k, attn_mask)
+        return AF.softmax_attention(q, k, v, scale=scale, logit_noise=logit_noise, attn_mask=attn_mask,
+                                    fused=self.fused, dropout_p=self.attn_drop.p if self.training else 0.0)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         if is_causal:
             attn_mask = _causal_mask(q, k, attn_mask)
         if attn_mask is not None:
             attn_mask = attn_mask[..., query_index, :] if attn_mask.shape[-2] > 1 else attn_mask
-        return AF.softmax_probs(q[:, :, query_index], k, self.logit_scale(k.shape[-2]), attn_mask)
+        q, scale = self.scaled_queries(q[:, :, query_index], k, attn_mask)
+        return AF.softmax_probs(q, k, scale, attn_mask)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale={self.scale_mode}, fused={self.fused}"
