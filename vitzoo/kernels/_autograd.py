@@ -1,10 +1,10 @@
-"""What the fused paths' autograd Functions share beyond their kernels.
+"""The autograd plumbing the fused paths share: ``FusedLinearFunction``, beside their kernels.
 
-- ``eager_grads``: the fused paths' analytic backward is not itself differentiable; under
-  ``create_graph=True`` (a gradient penalty, a Hessian-vector product, ``torch.func.grad``) their
-  backward differentiates the eager formula instead: the same values, the eager formula's memory.
-- ``vmap_by_folding``: ``torch.vmap`` over a fused Function folds the mapped dim into the batch, so
-  one call serves every sample (per-sample gradients: ``vmap(grad(...))``).
+- Under ``create_graph=True`` (a gradient penalty, a Hessian-vector product, ``torch.func.grad``)
+  backward differentiates the eager formula (``eager_grads``): the fused analytic backward is not
+  itself differentiable. Same values, the eager formula's memory.
+- ``torch.vmap`` folds the mapped dim into the batch, so one call serves every sample (per-sample
+  gradients: ``vmap(grad(...))``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["eager_grads", "vmap_by_folding"]
+__all__ = ["FusedLinearFunction", "eager_grads"]
 
 
 def eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bool]):
@@ -27,12 +27,39 @@ def eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[boo
     return tuple(next(found) if need else None for need in needs)
 
 
-def vmap_by_folding(function, info, in_dims, q, k, v, *options):
-    """The ``vmap`` rule of a Function taking (q, k, v, *options) of shape (B, H, N, D) and returning
-    tensors with B*H or B first: (V, B, ...) inputs run as (V*B, ...); outputs come back mapped on dim 0."""
-    def fold(x, dim):
-        x = x.movedim(dim, 0) if dim is not None else x.expand(info.batch_size, *x.shape)
-        return x.flatten(0, 1)
+class FusedLinearFunction(torch.autograd.Function):
+    """Base of a fused path: ``forward(q, k, v, feature_map, eps, *options) -> (out, S, z)`` on (B, H, N, D)
+    tensors (S, z: the state, B*H first, not differentiable) and ``fused_backward(ctx, dout, q, k, v, S, z,
+    needs) -> (dq, dk, dv)``; ``ctx.feature_map``, ``ctx.eps`` and ``ctx.options`` hold the other inputs."""
 
-    outputs = function.apply(*(fold(x, dim) for x, dim in zip((q, k, v), in_dims)), *options)
-    return tuple(t.unflatten(0, (info.batch_size, -1)) for t in outputs), (0,) * len(outputs)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, feature_map, eps, *options = inputs
+        _, S, z = output
+        ctx.mark_non_differentiable(S, z)
+        ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
+        ctx.feature_map, ctx.eps, ctx.options = feature_map, eps, options
+
+    @classmethod
+    def vmap(cls, info, in_dims, q, k, v, *options):
+        """(V, B, ...) inputs run as one (V*B, ...) call; outputs come back mapped on dim 0."""
+        def fold(x, dim):
+            x = x.movedim(dim, 0) if dim is not None else x.expand(info.batch_size, *x.shape)
+            return x.flatten(0, 1)
+
+        outputs = cls.apply(*(fold(x, dim) for x, dim in zip((q, k, v), in_dims)), *options)
+        return tuple(t.unflatten(0, (info.batch_size, -1)) for t in outputs), (0,) * len(outputs)
+
+    @classmethod
+    def backward(cls, ctx, dout, _dS, _dz):
+        q, k, v, S, z = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            grads = eager_grads(q, k, v, dout, ctx.feature_map, ctx.eps, needs)
+        else:
+            grads = cls.fused_backward(ctx, dout, q, k, v, S, z, needs)
+        return (*grads, *[None] * (2 + len(ctx.options)))
+
+    @staticmethod
+    def fused_backward(ctx, dout, q, k, v, S, z, needs):
+        raise NotImplementedError

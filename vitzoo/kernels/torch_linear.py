@@ -26,7 +26,7 @@ import torch
 
 from vitzoo.attention.feature_maps import FEATURE_MAPS
 
-from ._autograd import eager_grads, vmap_by_folding
+from ._autograd import FusedLinearFunction
 from ._threads import single_threaded_pool
 from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
 
@@ -283,8 +283,8 @@ def _backward(dout, q, k, v, S, z, steps, chunk: int, needs):
     return dq, dk, dv
 
 
-class _LinearAttentionFn(torch.autograd.Function):
-    """(out, S, z); S and z are not differentiable outputs (returned for backward's ``setup_context``)."""
+class _LinearAttentionFn(FusedLinearFunction):
+    """options: chunk, use_kernel."""
 
     @staticmethod
     def forward(q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
@@ -292,26 +292,10 @@ class _LinearAttentionFn(torch.autograd.Function):
             return _forward(q, k, v, _steps(q, feature_map, eps, use_kernel), chunk)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, feature_map, eps, chunk, use_kernel = inputs
-        _, S, z = output
-        ctx.mark_non_differentiable(S, z)
-        ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
-        ctx.steps, ctx.chunk, ctx.feature_map, ctx.eps = _steps(q, feature_map, eps, use_kernel), chunk, feature_map, eps
-
-    @staticmethod
-    def vmap(info, in_dims, *inputs):
-        return vmap_by_folding(_LinearAttentionFn, info, in_dims, *inputs)
-
-    @staticmethod
-    def backward(ctx, dout, _dS, _dz):
-        q, k, v, S, z = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            return (*eager_grads(q, k, v, dout, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3]),
-                    None, None, None, None)
+    def fused_backward(ctx, dout, q, k, v, S, z, needs):
+        chunk, use_kernel = ctx.options
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(dout, q, k, v, S, z, ctx.steps, ctx.chunk, ctx.needs_input_grad[:3])
-        return (*grads, None, None, None, None)
+            return _backward(dout, q, k, v, S, z, _steps(q, ctx.feature_map, ctx.eps, use_kernel), chunk, needs)
 
 
 def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import triton_interpreting
-from ._autograd import eager_grads, vmap_by_folding
+from ._autograd import FusedLinearFunction
 
 __all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM"]
 
@@ -270,34 +270,16 @@ def _on_device_of(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-class _TritonLinearAttentionFn(torch.autograd.Function):
-    """(out, S, z); S and z are not differentiable outputs (returned for backward's ``setup_context``)."""
-
+class _TritonLinearAttentionFn(FusedLinearFunction):
     @staticmethod
     def forward(q, k, v, feature_map: str, eps: float):
         with _on_device_of(q):
             return _forward(q, k, v, feature_map, eps)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, feature_map, eps = inputs
-        _, S, z = output
-        ctx.mark_non_differentiable(S, z)
-        ctx.save_for_backward(q, k, v, S, z)
-        ctx.feature_map, ctx.eps = feature_map, eps
-
-    @staticmethod
-    def vmap(info, in_dims, *inputs):
-        return vmap_by_folding(_TritonLinearAttentionFn, info, in_dims, *inputs)
-
-    @staticmethod
-    def backward(ctx, dout, _dS, _dz):
-        q, k, v, S, z = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            return (*eager_grads(q, k, v, dout, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3]), None, None)
+    def fused_backward(ctx, dout, q, k, v, S, z, needs):
         with _on_device_of(q):
-            grads = _backward(dout, q, k, v, S, z, ctx.feature_map, ctx.eps, ctx.needs_input_grad[:3])
-        return (*grads, None, None)
+            return _backward(dout, q, k, v, S, z, ctx.feature_map, ctx.eps, needs)
 
 
 def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
