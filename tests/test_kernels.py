@@ -87,9 +87,11 @@ def test_gradcheck_float64(feature_map, use_kernel):
 
 
 def test_cpu_kernel_builds_here():
-    """CI has g++ and ninja: the kernel must build, or every kernel test above silently ran torch ops."""
+    """CI has g++ and ninja: the kernel must build, or every kernel test above silently ran torch ops;
+    and torch's MKL must hand it sgemm_, or the float32 tests ran its float64 route (at::mm)."""
     x = torch.zeros(1)
     assert CK.cpu_kernel(x, "elu") is not None
+    assert CK.cpu_kernel(x, "elu").has_blas() == torch.backends.mkl.is_available()
     assert CK.cpu_kernel(x.bfloat16(), "elu") is None and CK.cpu_kernel(x, "taylor") is None
 
 
@@ -107,9 +109,9 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
     subnormal within one step of 2^-149 (0 below -104), as expf gives."""
     kernel = CK.cpu_kernel(torch.zeros(1), "elu")
     x = torch.cat([torch.linspace(-110, 10, 24001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -87.4, -103.9])])
-    rows = x.reshape(-1, 1, 1)
+    rows = x.reshape(-1, 1, 1, 1)  # (B, H, N, D): one token of one feature per slice
     for name, expected in [("elu", phi_ref(x, "elu")), ("relu", phi_ref(x, "relu"))]:
-        _, z = kernel.state_step(rows, torch.ones_like(rows), torch.empty_like(rows), CK.CPU_KERNEL_MAPS.index(name))
+        _, z = kernel.state_sweep(rows, torch.ones_like(rows), CK.CPU_KERNEL_MAPS.index(name), 0, 1, 256)
         err = (z.flatten().double() - expected).abs()
         normal = expected >= torch.finfo(torch.float32).tiny
         assert (err[normal] / expected[normal]).max() < 3e-7, name
@@ -149,6 +151,24 @@ def test_cpu_kernel_matches_torch_ops(feature_map, wanted, layout):
         torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
         for g_, g_ref in zip(gs, gs_ref, strict=True):
             torch.testing.assert_close(g_, g_ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+def test_cpu_kernel_copies_overlapping_rows(feature_map):
+    """Keys broadcast over the tokens (row stride 0) and the all-stride-0 gradient of out.sum() are
+    copied into rows BLAS can read; values and gradients match torch ops."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 50, 16, generator=g)
+    k, v = torch.randn(1, 2, 1, 16, generator=g).expand(1, 2, 50, 16), torch.randn(1, 2, 50, 16, generator=g)
+    results = []
+    for use_kernel in (True, False):
+        inputs = [t.clone().requires_grad_(True) for t in (q, v)]
+        out = linear_attention_torch(inputs[0], k, inputs[1], feature_map, EPS, use_kernel=use_kernel)
+        results.append((out, torch.autograd.grad(out.sum(), inputs)))
+    (out, gs), (out_ref, gs_ref) = results
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    for g_, g_ref in zip(gs, gs_ref):
+        torch.testing.assert_close(g_, g_ref, rtol=1e-4, atol=1e-6)
 
 
 def test_cpu_kernel_fallback_and_switches(monkeypatch):

@@ -12,10 +12,12 @@ g = dO / den, a = g S^T and w = (phi(q).a) / den the gradients are
 i.e. six (chunk x d x d) matmuls in all and one read of q, k, v, dO. Sums run in fp32 for any
 input dtype; outputs and gradients come back in the inputs' dtypes.
 
-Each chunk's work runs as one of two step sets with the same signatures: ``_KernelSteps``, the
-compiled CPU kernel (cpu_kernel.py; the feature map and the element-wise work fused into row loops,
-float32 / float64 CPU tensors, elu and relu), or ``_TorchSteps`` in torch ops (any device, dtype
-and feature map; the reference the kernel is tested against).
+The four sweeps (state, output, query grads, key/value grads) each walk a token range with one of
+two step sets of the same signatures: ``_KernelSteps``, the compiled CPU kernel (cpu_kernel.py; one
+call per range, in blocks of 256 rows per (batch, head) slice that stay in L2, the feature map and
+the element-wise work fused into row loops, the products straight to MKL; float32 / float64 CPU
+tensors, elu and relu), or ``_TorchSteps`` in torch ops (chunks of all slices at once; any device,
+dtype and feature map; the reference the kernel is tested against).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ __all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
 _MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
 _MIN_PARALLEL_ELEMENTS = 1 << 16  # ... and so do inputs this small (a hand-over costs ~0.1-0.3 ms)
+_KERNEL_BLOCK_ROWS = 256  # rows per slice and block of the CPU kernel: its (block, d) buffers stay in L2
 _OMP_SLICES_PER_THREAD = 8  # batch*heads >= this many per thread: torch's intra-op threads instead
 _TAYLOR_NORM_EPS = 1e-6  # F.normalize's eps inside feature_maps.taylor
 _LOG2E = math.log2(math.e)
@@ -125,7 +128,7 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 def _rows(x: torch.Tensor, s: int, e: int, buf: _Scratch, name: str) -> torch.Tensor:
     """Tokens s:e of a (B, H, N, D) tensor as (B*H, e-s, D) in the accumulation dtype with contiguous
-    rows (the kernel's row loops need them): a view when the layout and dtype allow, else a copy into scratch."""
+    rows: a view when the layout and dtype allow, else a copy into scratch."""
     part = x[:, :, s:e]
     rows_contiguous = part.shape[-1] <= 1 or part.stride(-1) == 1
     merges = 1 in part.shape[:2] or part.stride(0) == part.shape[1] * part.stride(1)
@@ -147,28 +150,24 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         slot.copy_(torch.bmm(a, b))
 
 
-def _sweep(step, n: int, chunk: int, like: torch.Tensor):
-    """Sum of ``step(s, e, buf)`` (a tuple of tensors, or None) over chunks of range(n) (steps may
-    also write outputs).
+def _sweep(walk, n: int, like: torch.Tensor):
+    """Sum of ``walk(lo, hi)`` (a tuple of tensors, or None) over a split of range(n) (walks may also
+    write outputs).
 
     On CPU with few (batch x heads) slices the tokens are cut into one contiguous range per
-    intra-op thread (one range for tiny inputs), each walked chunk by chunk on a single-threaded
-    worker: an OpenMP barrier per op costs more than the op here, and far more on a shared CPU.
-    With many slices (a training batch) one range is walked on the calling thread and torch's
-    own threads split each op over the slices; workers there would compete with the idle-spinning
-    OpenMP threads of the surrounding model. Partial sums are added in a fixed order, so the
-    result is deterministic for a given thread count.
+    intra-op thread (one range for tiny inputs), each walked on a single-threaded worker: an
+    OpenMP barrier per op costs more than the op here, and far more on a shared CPU. With many
+    slices (a training batch) one range is walked on the calling thread and torch's own threads
+    split the work over the slices; workers there would compete with the idle-spinning OpenMP
+    threads of the surrounding model. Partial sums are added in a fixed order, so the result is
+    deterministic for a given thread count.
     """
-    def walk(lo_hi):
-        buf = _Scratch(_acc(like), like.device)
-        return _total(step(s, e, buf) for s, e in _spans(lo_hi[0], lo_hi[1], chunk))
-
     threads = torch.get_num_threads() if like.device.type == "cpu" else 1
     if threads <= 1 or like.shape[0] * like.shape[1] >= _OMP_SLICES_PER_THREAD * threads:
-        return walk((0, n))
+        return walk(0, n)
     workers = min(threads, n // _MIN_WORKER_TOKENS) if like.numel() >= _MIN_PARALLEL_ELEMENTS else 1
     ranges = _spans(0, n, -(-n // max(1, workers)))
-    return _total(single_threaded_pool(len(ranges)).map(walk, ranges))
+    return _total(single_threaded_pool(len(ranges)).map(lambda lo_hi: walk(*lo_hi), ranges))
 
 
 def _total(parts):
@@ -185,24 +184,45 @@ def _rowdot(a, b, buf, dim: int = -1):
     return torch.mul(a, b, out=buf("prod", a.shape)).sum(dim)
 
 
+def _chunked(step):
+    """A per-chunk step ``(self, *tensors, s, e, buf)`` as a per-range one ``(self, *tensors, lo, hi)``:
+    chunks of ``self.chunk`` tokens sharing one scratch, their partial sums added in order."""
+    def walk(self, *args):
+        *tensors, lo, hi = args
+        buf = _Scratch(_acc(tensors[0]), tensors[0].device)
+        return _total(step(self, *tensors, s, e, buf) for s, e in _spans(lo, hi, self.chunk))
+
+    return walk
+
+
 class _TorchSteps:
-    """The per-chunk steps in torch ops (any device and dtype, every feature map)."""
+    """The steps in torch ops (any device and dtype, every feature map), tokens in chunks of
+    ``chunk`` for all slices at once (None: ~1 MiB buffers, see ``chunk_tokens``)."""
 
-    def __init__(self, fm: FeatureMap, eps: float):
+    def __init__(self, fm: FeatureMap, eps: float, chunk: Optional[int], q: torch.Tensor, v: torch.Tensor,
+                 num_tokens: int):
         self.fm, self.eps = fm, eps
+        width = max(q.shape[-1] + fm.extra, v.shape[-1])
+        self.chunk = chunk or chunk_tokens(q.shape[0] * q.shape[1], width, num_tokens, q.device)
 
+    def prepare(self, *tensors):
+        return tensors
+
+    @_chunked
     def state(self, k, v, s, e, buf):
         """This chunk's S = phi(k)^T v (BH, F, Dv) and z = sum phi(k) (BH, F): separate products, as
         an (F x Dv+1) one costs as much as (F x Dv+16) here."""
         fk, _ = self.fm.phi(_rows(k, s, e, buf, "k"), buf)
         return torch.bmm(fk.mT, _rows(v, s, e, buf, "v")), fk.sum(1)
 
+    @_chunked
     def output(self, q, S, z, out, s, e, buf):
         fq, _ = self.fm.phi(_rows(q, s, e, buf, "q"), buf)
         num = torch.bmm(fq, S, out=buf("num", fq.shape[:2] + S.shape[-1:]))
         den = _rowdot(fq, z.unsqueeze(1), buf).add_(self.eps).unsqueeze(-1)
         torch.div(num, den, out=_slot(out, s, e))
 
+    @_chunked
     def query_grad(self, q, dout, S, z, dq, s, e, buf):
         """dq for tokens s:e (when wanted) and their share of dS, dz."""
         zr = z.unsqueeze(1)
@@ -216,6 +236,7 @@ class _TorchSteps:
             self.fm.grad(a.addcmul_(w, zr, value=-1.0), fq, aux, out=_slot(dq, s, e))
         return dS, dz
 
+    @_chunked
     def key_value_grad(self, k, v, dS, dz, dk, dv, s, e, buf):
         fk, aux = self.fm.phi(_rows(k, s, e, buf, "k"), buf)
         if dv is not None:
@@ -225,61 +246,69 @@ class _TorchSteps:
             self.fm.grad(dfk, fk, aux, out=_slot(dk, s, e))
 
 
+def _unit_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in ``dtype`` with unit column stride and rows that do not overlap (the kernel's layout): a
+    strided view such as timm's packed qkv stays as it is; anything else (an expanded gradient) is copied."""
+    rows_ok = x.shape[-1] <= 1 or x.stride(-1) == 1
+    if x.dtype == dtype and rows_ok and (x.shape[2] <= 1 or x.stride(2) >= x.shape[-1]):
+        return x
+    return x.to(dtype).contiguous()
+
+
 class _KernelSteps:
-    """The same steps in the compiled CPU kernel (cpu_kernel.py): float32 / float64, elu and relu."""
+    """The same steps as sweeps of the compiled CPU kernel (cpu_kernel.py): one call walks a token range
+    of every slice in blocks of ``block`` rows per slice; float32 / float64, elu and relu."""
 
-    def __init__(self, kernel, feature_map: str, eps: float):
+    def __init__(self, kernel, feature_map: str, eps: float, block: Optional[int], dtype: torch.dtype):
         self.kernel, self.map, self.eps = kernel, CPU_KERNEL_MAPS.index(feature_map), eps
+        self.block, self.dtype = block or _KERNEL_BLOCK_ROWS, dtype
 
-    def state(self, k, v, s, e, buf):
-        kc = _rows(k, s, e, buf, "k")
-        return tuple(self.kernel.state_step(kc, _rows(v, s, e, buf, "v"), buf("f", kc.shape), self.map))
+    def prepare(self, *tensors):
+        return tuple(_unit_rows(t, self.dtype) for t in tensors)
 
-    def output(self, q, S, z, out, s, e, buf):
-        qc = _rows(q, s, e, buf, "q")
-        self.kernel.output_step(qc, S, z, self.eps, self.map, buf("f", qc.shape), buf("den", qc.shape[:2]),
-                                _slot(out, s, e))
+    def state(self, k, v, lo, hi):
+        return tuple(self.kernel.state_sweep(k, v, self.map, lo, hi, self.block))
 
-    def query_grad(self, q, dout, S, z, dq, s, e, buf):
-        qc = _rows(q, s, e, buf, "q")
-        return tuple(self.kernel.query_grad_step(
-            qc, _rows(dout, s, e, buf, "do"), S, z, self.eps, self.map, buf("f", qc.shape),
-            buf("g", qc.shape[:2] + S.shape[-1:]), buf("a", qc.shape), buf("den", qc.shape[:2]),
-            None if dq is None else _slot(dq, s, e)))
+    def output(self, q, S, z, out, lo, hi):
+        self.kernel.output_sweep(q, S, z, self.eps, self.map, out, lo, hi, self.block)
 
-    def key_value_grad(self, k, v, dS, dz, dk, dv, s, e, buf):
-        kc = _rows(k, s, e, buf, "k")
-        self.kernel.key_value_grad_step(kc, _rows(v, s, e, buf, "v"), dS, dz, self.map, buf("f", kc.shape),
-                                        buf("a", kc.shape), None if dk is None else _slot(dk, s, e),
-                                        None if dv is None else _slot(dv, s, e))
+    def query_grad(self, q, dout, S, z, dq, lo, hi):
+        return tuple(self.kernel.query_grad_sweep(q, dout, S, z, self.eps, self.map, dq, lo, hi, self.block))
+
+    def key_value_grad(self, k, v, dS, dz, dk, dv, lo, hi):
+        self.kernel.key_value_grad_sweep(k, v, dS, dz, self.map, dk, dv, lo, hi, self.block)
 
 
-def _steps(q: torch.Tensor, feature_map: str, eps: float, use_kernel: Optional[bool]):
-    """The compiled CPU steps where they serve the inputs (and ``use_kernel`` is not False), else torch ops."""
-    kernel = cpu_kernel(q, feature_map) if use_kernel is not False else None
+def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool]):
+    """The compiled CPU sweeps where they serve the inputs (and ``use_kernel`` is not False), else torch ops."""
+    kernel = cpu_kernel(q, feature_map) if use_kernel is not False and q.dtype == k.dtype == v.dtype else None
     if use_kernel and kernel is None:
         raise ValueError(f"the compiled CPU kernel cannot serve these inputs ({q.device.type}, {q.dtype}, "
-                         f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors and "
+                         f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors of one dtype and "
                          f"{list(CPU_KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
                          "pass use_kernel=None to fall back to torch ops")
-    return _KernelSteps(kernel, feature_map, eps) if kernel is not None else _TorchSteps(TORCH_FEATURE_MAPS[feature_map], eps)
+    if kernel is not None:
+        return _KernelSteps(kernel, feature_map, eps, chunk, q.dtype)
+    return _TorchSteps(TORCH_FEATURE_MAPS[feature_map], eps, chunk, q, v, max(q.shape[2], k.shape[2]))
 
 
-def _forward(q, k, v, steps, chunk: int):
-    S, z = _sweep(lambda s, e, buf: steps.state(k, v, s, e, buf), k.shape[2], chunk, k)
+def _forward(q, k, v, steps):
+    q, k, v = steps.prepare(q, k, v)
+    S, z = _sweep(lambda lo, hi: steps.state(k, v, lo, hi), k.shape[2], k)
     out = v.new_empty(q.shape[:3] + v.shape[3:])
-    _sweep(lambda s, e, buf: steps.output(q, S, z, out, s, e, buf), q.shape[2], chunk, q)
+    _sweep(lambda lo, hi: steps.output(q, S, z, out, lo, hi), q.shape[2], q)
     return out, S, z
 
 
-def _backward(dout, q, k, v, S, z, steps, chunk: int, needs):
+def _backward(dout, q, k, v, S, z, steps, needs):
     def new(x, wanted):
         return torch.empty_like(x, memory_format=torch.contiguous_format) if wanted else None
 
     dq, dk, dv = (new(x, wanted) for x, wanted in zip((q, k, v), needs))
-    dS, dz = _sweep(lambda s, e, buf: steps.query_grad(q, dout, S, z, dq, s, e, buf), q.shape[2], chunk, q)
+    q, k, v, dout = steps.prepare(q, k, v, dout)
+    dS, dz = _sweep(lambda lo, hi: steps.query_grad(q, dout, S, z, dq, lo, hi), q.shape[2], q)
     if dk is not None or dv is not None:
-        _sweep(lambda s, e, buf: steps.key_value_grad(k, v, dS, dz, dk, dv, s, e, buf), k.shape[2], chunk, k)
+        _sweep(lambda lo, hi: steps.key_value_grad(k, v, dS, dz, dk, dv, lo, hi), k.shape[2], k)
     return dq, dk, dv
 
 
@@ -289,28 +318,27 @@ class _LinearAttentionFn(FusedLinearFunction):
     @staticmethod
     def forward(q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
         with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-            return _forward(q, k, v, _steps(q, feature_map, eps, use_kernel), chunk)
+            return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
 
     @staticmethod
     def fused_backward(ctx, dout, q, k, v, S, z, needs):
         chunk, use_kernel = ctx.options
         with torch.autocast(q.device.type, enabled=False):
-            return _backward(dout, q, k, v, S, z, _steps(q, ctx.feature_map, ctx.eps, use_kernel), chunk, needs)
+            return _backward(dout, q, k, v, S, z, _steps(q, k, v, ctx.feature_map, ctx.eps, chunk, use_kernel), needs)
 
 
 def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
                            eps: float = 1e-6, chunk: Optional[int] = None,
                            use_kernel: Optional[bool] = None) -> torch.Tensor:
-    """Chunked kernel attention on (B, H, N, D) tensors; ``chunk`` tokens per step (None = ~1 MiB buffers).
+    """Chunked kernel attention on (B, H, N, D) tensors; ``chunk`` tokens per step (None = automatic: for torch
+    ops ~1 MiB buffers of all slices, for the CPU kernel 256 rows of each slice).
 
     ``use_kernel``: None runs the steps in the compiled CPU kernel where it serves the inputs (float32 /
-    float64 CPU tensors, elu or relu) and in torch ops otherwise; True insists on the kernel, False on torch ops.
+    float64 CPU tensors of one dtype, elu or relu) and in torch ops otherwise; True insists on the kernel,
+    False on torch ops.
     """
     if feature_map not in TORCH_FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
-    if chunk is None:
-        width = max(q.shape[-1] + TORCH_FEATURE_MAPS[feature_map].extra, v.shape[-1])
-        chunk = chunk_tokens(q.shape[0] * q.shape[1], width, max(q.shape[2], k.shape[2]), q.device)
-    elif chunk < 1:
+    if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
     return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)[0]

@@ -1,9 +1,10 @@
-// Per-chunk steps of the CPU linear-attention path (torch_linear.py; built by cpu_kernel.py): the
-// feature map, the normaliser and the element-wise work of each step fused into one or two row loops, the six
-// (chunk x d x d) products left to ATen's bmm (MKL). Tensors are (slices, rows, width) with unit
-// column stride; float32, or float64 for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1)
-// (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above), relu -> [f > 0]. Built with -fno-trapping-math so
-// that the branch-free row loops vectorise.
+// The CPU linear-attention sweeps of the torch path (torch_linear.py; built by cpu_kernel.py). Each sweep walks
+// one token range of every (batch, head) slice in blocks of rows small enough to stay in the core's L2: the
+// feature map, the normaliser and the element-wise work fused into row loops over the block, the (block x d x d)
+// products handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are
+// (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64
+// for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1
+// above), relu -> [f > 0]. Built with -fno-trapping-math so that the branch-free row loops vectorise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -11,6 +12,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
+
+extern "C" {  // from the MKL that ATen links, when it has one (weak: null otherwise)
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // mkl_service.h's mkl_set_num_threads_local
+}
 
 namespace {
 
@@ -61,141 +70,201 @@ inline T dot(const T* a, const T* b, int64_t n) {
   return acc;
 }
 
+// C (m x n, row stride ldc) = op(A) op(B) + beta C for row-major A, B; ta / tb: A / B are stored transposed.
+// float32 goes straight to sgemm_ where ATen's MKL has it: column-major BLAS sees every row-major matrix
+// transposed, so it computes C^T = op(B)^T op(A)^T. float64 (gradcheck) and BLAS-less builds go through at::mm.
 template <typename T>
-struct Rows {  // row pointers of a (slices, rows, width) tensor with unit column stride
-  T* data;
-  int64_t slice_stride, row_stride;
-  explicit Rows(const at::Tensor& t) : data(t.data_ptr<T>()), slice_stride(t.stride(0)), row_stride(t.stride(1)) {
-    TORCH_CHECK(t.dim() == 3 && (t.size(2) <= 1 || t.stride(2) == 1), "expected (slices, rows, width) with contiguous rows");
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B, int64_t ldb,
+          T beta, T* C, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_ != nullptr && k > 0) {
+      const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+      const int M = int(m), N = int(n), K = int(k), LA = int(lda), LB = int(ldb), LC = int(ldc);
+      const float one = 1;
+      sgemm_(&opb, &opa, &N, &M, &K, &one, B, &LB, A, &LA, &beta, C, &LC);
+      return;
+    }
   }
-  T* operator()(int64_t b, int64_t r) const { return data + b * slice_stride + r * row_stride; }
+  const auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+  auto view = [&](const T* p, int64_t rows, int64_t cols, int64_t ld, bool t) {
+    auto x = at::from_blob(const_cast<T*>(p), {t ? cols : rows, t ? rows : cols}, {ld, 1}, opts);
+    return t ? x.t() : x;
+  };
+  auto c = at::from_blob(C, {m, n}, {ldc, 1}, opts);
+  auto product = at::mm(view(A, m, k, lda, ta), view(B, k, n, ldb, tb));
+  if (beta == T(0)) c.copy_(product);
+  else c.add_(product);
+}
+
+// Rows of a (B, H, N, W) tensor with unit column stride: slice s = b * H + h, token r.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t heads, sb, sh, ld, width;
+  explicit Rows(const at::Tensor& t)
+      : data(t.data_ptr<T>()), heads(std::max<int64_t>(t.size(1), 1)), sb(t.stride(0)), sh(t.stride(1)),
+        ld(t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2)), width(t.size(3)) {
+    TORCH_CHECK(t.dim() == 4 && (width <= 1 || t.stride(3) == 1) && ld >= width,
+                "expected (B, H, N, D) with contiguous, non-overlapping rows");
+  }
+  T* operator()(int64_t s, int64_t r) const { return data + (s / heads) * sb + (s % heads) * sh + r * ld; }
 };
 
-// body(b, r) for every row of every slice, slices split over ATen's threads (one thread in a worker).
-template <typename Body>
-void for_rows(int64_t slices, int64_t rows, const Body& body) {
-  at::parallel_for(0, slices, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t r = 0; r < rows; ++r) body(b, r);
+// Per-thread scratch of a sweep: (block x width) buffers, reused from block to block.
+template <typename T>
+struct Scratch {
+  std::vector<T> f, g, a, den;
+  Scratch(int64_t block, int64_t width, int64_t dv) : f(block * width), g(block * dv), a(block * width), den(block) {}
+};
+
+// body(s, r0, rows, scratch) for each block of at most `block` rows of tokens [lo, hi) in every slice, slices
+// split over ATen's threads (one thread in a worker), each with its own scratch and its MKL kept to itself.
+template <typename T, typename Body>
+void for_blocks(int64_t slices, int64_t lo, int64_t hi, int64_t block, int64_t width, int64_t dv, const Body& body) {
+  TORCH_CHECK(block > 0, "block must be a positive number of rows, got ", block);
+  if (hi <= lo) return;
+  at::parallel_for(0, slices, 1, [&](int64_t s0, int64_t s1) {
+    Scratch<T> buf(std::min(block, hi - lo), width, dv);
+    const int previous = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+    for (int64_t s = s0; s < s1; ++s)
+      for (int64_t r0 = lo; r0 < hi; r0 += block) body(s, r0, std::min(block, hi - r0), buf);
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous);
   });
 }
 
+// f (rows x width, contiguous) = phi(x) for `rows` rows from x(s, r0); z, when given, += the column sums.
 template <Map M, typename T>
-inline void phi_row(const T* __restrict x, T* __restrict f, int64_t n) {
+void features(const Rows<T>& x, int64_t s, int64_t r0, int64_t rows, T* __restrict f, T* __restrict z = nullptr) {
+  const int64_t width = x.width;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* __restrict xr = x(s, r0 + r);
+    T* __restrict fr = f + r * width;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) f[i] = phi<M>(x[i]);
+    for (int64_t i = 0; i < width; ++i) fr[i] = phi<M>(xr[i]);
+    if (z == nullptr) continue;
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) z[i] += fr[i];
+  }
 }
 
-// S = phi(k)^T v and z = sum_rows phi(k) of one chunk; f: (slices, rows, D) scratch.
+inline int64_t slices_of(const at::Tensor& x) { return x.size(0) * x.size(1); }
+
+// S = sum phi(k)^T v (BH, D, Dv) and z = sum phi(k) (BH, D) over tokens [lo, hi).
 template <Map M, typename T>
-std::vector<at::Tensor> state_step(const at::Tensor& k, const at::Tensor& v, const at::Tensor& f) {
-  const int64_t width = k.size(2);
-  auto z = at::zeros({k.size(0), width}, k.options());
-  const Rows<T> ks(k), fs(f);
-  T* zp = z.data_ptr<T>();
-  for_rows(k.size(0), k.size(1), [&](int64_t b, int64_t r) {
-    T* __restrict fr = fs(b, r);
-    T* __restrict zb = zp + b * width;
-    phi_row<M>(ks(b, r), fr, width);
-#pragma omp simd
-    for (int64_t i = 0; i < width; ++i) zb[i] += fr[i];
+std::vector<at::Tensor> state_sweep(const at::Tensor& k, const at::Tensor& v, int64_t lo, int64_t hi, int64_t block) {
+  const Rows<T> ks(k), vs(v);
+  const int64_t D = ks.width, Dv = vs.width;
+  auto S = at::zeros({slices_of(k), D, Dv}, k.options());
+  auto z = at::zeros({slices_of(k), D}, k.options());
+  T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
+  for_blocks<T>(slices_of(k), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    features<M>(ks, s, r0, rows, buf.f.data(), zp + s * D);
+    gemm<T>(true, false, D, Dv, rows, buf.f.data(), D, vs(s, r0), vs.ld, T(1), Sp + s * D * Dv, Dv);
   });
-  return {at::bmm(f.mT(), v), z};
+  return {S, z};
 }
 
-// out = phi(q) S / (phi(q).z + eps) of one chunk, written into out (a view of the result).
+// out = phi(q) S / (phi(q).z + eps) for tokens [lo, hi), written into out.
 template <Map M, typename T>
-void output_step(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, double eps, const at::Tensor& f,
-                 const at::Tensor& den, at::Tensor out) {
-  const int64_t rows = q.size(1), width = q.size(2), dv = out.size(2);
-  const Rows<T> qs(q), fs(f), os(out);
-  const T* zp = z.data_ptr<T>();
-  T* dn = den.data_ptr<T>();
-  for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
-    phi_row<M>(qs(b, r), fs(b, r), width);
-    dn[b * rows + r] = dot(fs(b, r), zp + b * width, width) + T(eps);
-  });
-  at::bmm_out(out, f, S);
-  for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
-    T* __restrict o = os(b, r);
-    const T s = dn[b * rows + r];
+void output_sweep(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, double eps, at::Tensor out,
+                  int64_t lo, int64_t hi, int64_t block) {
+  const Rows<T> qs(q), os(out);
+  const int64_t D = qs.width, Dv = os.width;
+  const T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
+  for_blocks<T>(slices_of(q), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    T *f = buf.f.data(), *den = buf.den.data();
+    features<M>(qs, s, r0, rows, f);
+    for (int64_t r = 0; r < rows; ++r) den[r] = dot(f + r * D, zp + s * D, D) + T(eps);
+    gemm<T>(false, false, rows, Dv, D, f, D, Sp + s * D * Dv, Dv, T(0), os(s, r0), os.ld);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* __restrict o = os(s, r0 + r);
+      const T d = den[r];
 #pragma omp simd
-    for (int64_t i = 0; i < dv; ++i) o[i] /= s;
+      for (int64_t i = 0; i < Dv; ++i) o[i] /= d;
+    }
   });
 }
 
-// One chunk of queries: dq into its view (when given); returns the chunk's dS and dz. With
-// g = dO / den, a = g S^T, w = (phi(q).a) / den:  dphi(q) = a - w z,  dS = phi(q)^T g,  dz = -sum w phi(q).
+// Tokens [lo, hi) of the queries: dq (when given) and their share of dS, dz. With g = dO / den,
+// a = g S^T, w = (phi(q).a) / den:  dphi(q) = a - w z,  dS = phi(q)^T g,  dz = -sum w phi(q).
 template <Map M, typename T>
-std::vector<at::Tensor> query_grad_step(const at::Tensor& q, const at::Tensor& dout, const at::Tensor& S,
-                                        const at::Tensor& z, double eps, const at::Tensor& f, const at::Tensor& g,
-                                        at::Tensor a, const at::Tensor& den, const c10::optional<at::Tensor>& dq) {
-  const int64_t rows = q.size(1), width = q.size(2), dv = g.size(2);
-  auto dz = at::zeros({q.size(0), width}, q.options());
-  const Rows<T> qs(q), dos(dout), fs(f), gs(g), as(a), dqs(dq.has_value() ? *dq : a);
-  const T* zp = z.data_ptr<T>();
-  T* dzp = dz.data_ptr<T>();
-  T* dn = den.data_ptr<T>();
-  for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
-    phi_row<M>(qs(b, r), fs(b, r), width);
-    const T s = dot(fs(b, r), zp + b * width, width) + T(eps);
-    const T* __restrict d = dos(b, r);
-    T* __restrict gr = gs(b, r);
-    dn[b * rows + r] = s;
-#pragma omp simd
-    for (int64_t i = 0; i < dv; ++i) gr[i] = d[i] / s;
-  });
-  at::bmm_out(a, g, S.mT());
-  auto dS = at::bmm(f.mT(), g);
+std::vector<at::Tensor> query_grad_sweep(const at::Tensor& q, const at::Tensor& dout, const at::Tensor& S,
+                                         const at::Tensor& z, double eps, const c10::optional<at::Tensor>& dq,
+                                         int64_t lo, int64_t hi, int64_t block) {
+  const Rows<T> qs(q), dos(dout);
+  const int64_t D = qs.width, Dv = dos.width;
+  auto dS = at::zeros({slices_of(q), D, Dv}, q.options());
+  auto dz = at::zeros({slices_of(q), D}, q.options());
+  const T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
+  T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
   const bool write_dq = dq.has_value();
-  for_rows(q.size(0), rows, [&](int64_t b, int64_t r) {
-    const T* __restrict fr = fs(b, r);
-    const T* __restrict ar = as(b, r);
-    const T* __restrict zb = zp + b * width;
-    T* __restrict dzb = dzp + b * width;
-    const T w = dot(fr, ar, width) / dn[b * rows + r];
+  const Rows<T> dqs(write_dq ? *dq : q);
+  for_blocks<T>(slices_of(q), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    T *f = buf.f.data(), *g = buf.g.data(), *den = buf.den.data();
+    const T* zs = zp + s * D;
+    features<M>(qs, s, r0, rows, f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T d = dot(f + r * D, zs, D) + T(eps);
+      const T* __restrict dr = dos(s, r0 + r);
+      T* __restrict gr = g + r * Dv;
+      den[r] = d;
 #pragma omp simd
-    for (int64_t i = 0; i < width; ++i) dzb[i] -= w * fr[i];
-    if (!write_dq) return;
-    T* __restrict o = dqs(b, r);
+      for (int64_t i = 0; i < Dv; ++i) gr[i] = dr[i] / d;
+    }
+    T* a = write_dq ? dqs(s, r0) : buf.a.data();  // a = g S^T, turned into dq in place
+    const int64_t lda = write_dq ? dqs.ld : D;
+    gemm<T>(false, true, rows, D, Dv, g, Dv, Sp + s * D * Dv, Dv, T(0), a, lda);
+    gemm<T>(true, false, D, Dv, rows, f, D, g, Dv, T(1), dSp + s * D * Dv, Dv);
+    T* __restrict dzs = dzp + s * D;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* __restrict fr = f + r * D;
+      T* __restrict ar = a + r * lda;
+      const T w = dot(fr, ar, D) / den[r];
 #pragma omp simd
-    for (int64_t i = 0; i < width; ++i) o[i] = (ar[i] - w * zb[i]) * dphi<M>(fr[i]);
+      for (int64_t i = 0; i < D; ++i) dzs[i] -= w * fr[i];
+      if (!write_dq) continue;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) ar[i] = (ar[i] - w * zs[i]) * dphi<M>(fr[i]);
+    }
   });
   return {dS, dz};
 }
 
-// One chunk of keys and values: dv = phi(k) dS and dk = (v dS^T + dz) phi'(k) into their views (each when given).
+// Tokens [lo, hi) of the keys and values: dv = phi(k) dS and dk = (v dS^T + dz) phi'(k) (each when given).
 template <Map M, typename T>
-void key_value_grad_step(const at::Tensor& k, const at::Tensor& v, const at::Tensor& dS, const at::Tensor& dz,
-                         const at::Tensor& f, at::Tensor dfk, c10::optional<at::Tensor> dk,
-                         c10::optional<at::Tensor> dv) {
-  const int64_t rows = k.size(1), width = k.size(2);
-  const Rows<T> ks(k), fs(f);
-  for_rows(k.size(0), rows, [&](int64_t b, int64_t r) { phi_row<M>(ks(b, r), fs(b, r), width); });
-  if (dv.has_value()) at::bmm_out(*dv, f, dS);
-  if (!dk.has_value()) return;
-  at::bmm_out(dfk, v, dS.mT());
-  const Rows<T> ds(dfk), dks(*dk);
-  const T* dzp = dz.data_ptr<T>();
-  for_rows(k.size(0), rows, [&](int64_t b, int64_t r) {
-    const T* __restrict fr = fs(b, r);
-    const T* __restrict d = ds(b, r);
-    const T* __restrict dzb = dzp + b * width;
-    T* __restrict o = dks(b, r);
+void key_value_grad_sweep(const at::Tensor& k, const at::Tensor& v, const at::Tensor& dS, const at::Tensor& dz,
+                          const c10::optional<at::Tensor>& dk, const c10::optional<at::Tensor>& dv, int64_t lo,
+                          int64_t hi, int64_t block) {
+  const Rows<T> ks(k), vs(v), dks(dk.has_value() ? *dk : k), dvs(dv.has_value() ? *dv : v);
+  const int64_t D = ks.width, Dv = vs.width;
+  const T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
+  for_blocks<T>(slices_of(k), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    T* f = buf.f.data();
+    const T* dSs = dSp + s * D * Dv;
+    features<M>(ks, s, r0, rows, f);
+    if (dv.has_value()) gemm<T>(false, false, rows, Dv, D, f, D, dSs, Dv, T(0), dvs(s, r0), dvs.ld);
+    if (!dk.has_value()) return;
+    gemm<T>(false, true, rows, D, Dv, vs(s, r0), vs.ld, dSs, Dv, T(0), dks(s, r0), dks.ld);
+    const T* __restrict dzs = dzp + s * D;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* __restrict fr = f + r * D;
+      T* __restrict o = dks(s, r0 + r);
 #pragma omp simd
-    for (int64_t i = 0; i < width; ++i) o[i] = (d[i] + dzb[i]) * dphi<M>(fr[i]);
+      for (int64_t i = 0; i < D; ++i) o[i] = (o[i] + dzs[i]) * dphi<M>(fr[i]);
+    }
   });
 }
 
-// step<M, T>(args...) for the feature map number and x's dtype (float32, or float64 for gradcheck).
-#define VITZOO_DISPATCH(step, x, map, ...)                                                                 \
-  [&] {                                                                                                    \
-    TORCH_CHECK((x).scalar_type() == at::kFloat || (x).scalar_type() == at::kDouble,                       \
-                #step ": float32 or float64 tensors, got ", (x).scalar_type());                            \
-    TORCH_CHECK((map) == kElu || (map) == kRelu, #step ": unknown feature map number ", (map));            \
-    const bool f32 = (x).scalar_type() == at::kFloat;                                                      \
-    if ((map) == kElu) return f32 ? step<kElu, float>(__VA_ARGS__) : step<kElu, double>(__VA_ARGS__);      \
-    return f32 ? step<kRelu, float>(__VA_ARGS__) : step<kRelu, double>(__VA_ARGS__);                       \
+// sweep<M, T>(args...) for the feature map number and x's dtype (float32, or float64 for gradcheck).
+#define VITZOO_DISPATCH(sweep, x, map, ...)                                                                 \
+  [&] {                                                                                                     \
+    TORCH_CHECK((x).scalar_type() == at::kFloat || (x).scalar_type() == at::kDouble,                        \
+                #sweep ": float32 or float64 tensors, got ", (x).scalar_type());                            \
+    TORCH_CHECK((map) == kElu || (map) == kRelu, #sweep ": unknown feature map number ", (map));            \
+    const bool f32 = (x).scalar_type() == at::kFloat;                                                       \
+    if ((map) == kElu) return f32 ? sweep<kElu, float>(__VA_ARGS__) : sweep<kElu, double>(__VA_ARGS__);     \
+    return f32 ? sweep<kRelu, float>(__VA_ARGS__) : sweep<kRelu, double>(__VA_ARGS__);                      \
   }()
 
 }  // namespace
@@ -204,20 +273,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using at::Tensor;
   using OptTensor = c10::optional<at::Tensor>;
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
-  m.def("state_step", [](const Tensor& k, const Tensor& v, const Tensor& f, int64_t map) {
-    return VITZOO_DISPATCH(state_step, k, map, k, v, f);
+  m.def("state_sweep", [](const Tensor& k, const Tensor& v, int64_t map, int64_t lo, int64_t hi, int64_t block) {
+    return VITZOO_DISPATCH(state_sweep, k, map, k, v, lo, hi, block);
   }, nogil);
-  m.def("output_step", [](const Tensor& q, const Tensor& S, const Tensor& z, double eps, int64_t map,
-                          const Tensor& f, const Tensor& den, const Tensor& out) {
-    VITZOO_DISPATCH(output_step, q, map, q, S, z, eps, f, den, out);
+  m.def("output_sweep", [](const Tensor& q, const Tensor& S, const Tensor& z, double eps, int64_t map,
+                           const Tensor& out, int64_t lo, int64_t hi, int64_t block) {
+    VITZOO_DISPATCH(output_sweep, q, map, q, S, z, eps, out, lo, hi, block);
   }, nogil);
-  m.def("query_grad_step", [](const Tensor& q, const Tensor& dout, const Tensor& S, const Tensor& z, double eps,
-                              int64_t map, const Tensor& f, const Tensor& g, const Tensor& a, const Tensor& den,
-                              const OptTensor& dq) {
-    return VITZOO_DISPATCH(query_grad_step, q, map, q, dout, S, z, eps, f, g, a, den, dq);
+  m.def("query_grad_sweep", [](const Tensor& q, const Tensor& dout, const Tensor& S, const Tensor& z, double eps,
+                               int64_t map, const OptTensor& dq, int64_t lo, int64_t hi, int64_t block) {
+    return VITZOO_DISPATCH(query_grad_sweep, q, map, q, dout, S, z, eps, dq, lo, hi, block);
   }, nogil);
-  m.def("key_value_grad_step", [](const Tensor& k, const Tensor& v, const Tensor& dS, const Tensor& dz, int64_t map,
-                                  const Tensor& f, const Tensor& dfk, const OptTensor& dk, const OptTensor& dv) {
-    VITZOO_DISPATCH(key_value_grad_step, k, map, k, v, dS, dz, f, dfk, dk, dv);
+  m.def("key_value_grad_sweep", [](const Tensor& k, const Tensor& v, const Tensor& dS, const Tensor& dz, int64_t map,
+                                   const OptTensor& dk, const OptTensor& dv, int64_t lo, int64_t hi, int64_t block) {
+    VITZOO_DISPATCH(key_value_grad_sweep, k, map, k, v, dS, dz, dk, dv, lo, hi, block);
   }, nogil);
+  m.def("has_blas", [] { return sgemm_ != nullptr; });  // float32 products straight to MKL
 }
