@@ -154,6 +154,22 @@ def test_log_n_scale_counts_the_keys_each_query_attends(fused):
     torch.testing.assert_close(attn(x, is_causal=True).double(), module_out(attn, expected), **TOL)
 
 
+def test_synth_mix_log_n_part_counts_the_keys_each_query_attends():
+    """The same rule for the q k^T part of a Synthesizer mixture (alone here: alpha = 1)."""
+    d, n = 8, 16
+    attn = build({"name": "synth_mix", "parts": ["softmax"], "scale": "log_n"}, tokens=n)
+    x = tokens(N=n, seed=3)
+    q, k, v = module_qkv(attn, x)
+    half = torch.zeros(n, n, dtype=torch.bool)
+    half[:, : n // 2] = True
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for mask, is_causal, keep in [(half, False, half), (None, True, causal), (half, True, half & causal)]:
+        scale = keep.sum(-1, keepdim=True).double().clamp_min(2).log() * d ** 0.5 / math.log(n) / d
+        expected = softmax_ref(q, k, v, scale=scale, mask=keep)[0]
+        torch.testing.assert_close(attn(x, attn_mask=mask, is_causal=is_causal).double(), module_out(attn, expected),
+                                   **TOL)
+
+
 def test_log_n_scale_uses_the_model_token_count_by_default():
     attn = build({"name": "softmax", "scale": "log_n"}, tokens=25)
     same = build({"name": "softmax"}, tokens=25)

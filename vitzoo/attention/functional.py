@@ -70,6 +70,14 @@ def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Opti
     return torch.zeros(attn_mask.shape, dtype=like.dtype, device=like.device).masked_fill(~attn_mask, float("-inf"))
 
 
+def causal_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Causal rows (query i attends keys 0..i) combined with ``attn_mask``: bool alone, additive with a mask."""
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    if attn_mask is None:
+        return keep
+    return additive_mask(attn_mask, q) + additive_mask(keep, q)
+
+
 def _logit_bias(q: torch.Tensor, k: torch.Tensor, attn_mask, logit_noise: float, dtype) -> Optional[torch.Tensor]:
     """The additive term on the logits: the mask plus Gaussian noise when ``logit_noise > 0``."""
     bias = additive_mask(attn_mask, q.new_empty((), dtype=dtype))

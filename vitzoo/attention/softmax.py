@@ -62,14 +62,14 @@ class SoftmaxAttention(ZooAttention):
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         if is_causal:
-            attn_mask = _causal_mask(q, k, attn_mask)
+            attn_mask = AF.causal_mask(q, k, attn_mask)
         q, scale = self.scaled_queries(q, k, attn_mask)
         return AF.softmax_attention(q, k, v, scale=scale, logit_noise=logit_noise, attn_mask=attn_mask,
                                     fused=self.fused, dropout_p=self.attn_drop.p if self.training else 0.0)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         if is_causal:
-            attn_mask = _causal_mask(q, k, attn_mask)
+            attn_mask = AF.causal_mask(q, k, attn_mask)
         if attn_mask is not None:
             attn_mask = attn_mask[..., query_index, :] if attn_mask.shape[-2] > 1 else attn_mask
         q, scale = self.scaled_queries(q[:, :, query_index], k, attn_mask)
@@ -77,10 +77,3 @@ class SoftmaxAttention(ZooAttention):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale={self.scale_mode}, fused={self.fused}"
-
-
-def _causal_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-    if attn_mask is None:
-        return keep
-    return AF.additive_mask(attn_mask, q) + AF.additive_mask(keep, q)

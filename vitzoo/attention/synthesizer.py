@@ -392,6 +392,17 @@ class SynthMixAttention(SynthesizerAttention):
         }
         self.synth = MixLogits({p: build[p]() for p in parts}, device=dd["device"])
 
+    def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
+        """A log-n ``softmax`` part counts the keys each query attends (ATTENTION.md section 1): under a
+        mask or causal rows, q's rows carry log(attended) / log(all keys) (the part scales at all keys)."""
+        dot = self.synth.parts["softmax"] if "softmax" in self.synth.parts else None
+        if dot is not None and dot.uses_log_n and (attn_mask is not None or is_causal):
+            counts = AF.attended_keys(AF.causal_mask(q, k, attn_mask) if is_causal else attn_mask)
+            ratio = AF.entropy_scale(dot.head_dim, counts, dot.train_tokens) / \
+                AF.entropy_scale(dot.head_dim, k.shape[-2], dot.train_tokens)
+            q = q * ratio.to(q.dtype)
+        return super().logits(x, q, k, attn_mask, is_causal)
+
 
 def _dd(kwargs: dict) -> dict:
     return {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
