@@ -180,3 +180,15 @@ def test_nonlocal_models_report_their_blocks():
 def test_model_without_zoo_attention_is_a_value_error():
     with pytest.raises(ValueError, match="create_model"):
         attention_entropy(nn.Sequential(nn.Flatten(), nn.Linear(12, 2)), torch.randn(1, 3, 2, 2))
+
+
+def test_rows_that_attend_nothing_have_no_entropy():
+    """A relu query with no positive feature attends nothing (an all-zero row): NaN, not one-hot's 0,
+    and left out of a layer's mean."""
+    from vitzoo.diagnostics import row_entropy
+
+    probs = torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    h = row_entropy(probs)
+    assert h[0].item() == pytest.approx(0.5) and h[1].item() == 0.0 and math.isnan(h[2].item())
+    assert h.nanmean().item() == pytest.approx(0.25)
+    assert math.isnan(row_entropy(torch.zeros(2, 1))[0].item()) and row_entropy(torch.ones(2, 1))[0].item() == 1.0

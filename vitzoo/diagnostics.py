@@ -51,20 +51,24 @@ def capture_attention(model: nn.Module, max_queries: Optional[int] = None) -> It
 
 
 def row_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy H = -sum p log p of each row of ``probs`` (last dim), normalised by log n."""
+    """Entropy H = -sum p log p of each row of ``probs`` (last dim), normalised by log n; NaN for a
+    row that attends nothing (mass < 0.5: a relu query with no positive feature gives an all-zero row,
+    which is no distribution, not a one-hot one)."""
     n = probs.shape[-1]
-    if n < 2:
-        return torch.ones(probs.shape[:-1], device=probs.device)
     p = probs.double()
-    return -(torch.special.xlogy(p, p).sum(dim=-1)) / math.log(n)
+    empty = p.sum(dim=-1) < 0.5
+    if n < 2:
+        return torch.ones(probs.shape[:-1], dtype=p.dtype, device=probs.device).masked_fill(empty, math.nan)
+    return (-(torch.special.xlogy(p, p).sum(dim=-1)) / math.log(n)).masked_fill(empty, math.nan)
 
 
 @torch.no_grad()
 def attention_entropy(model: nn.Module, images: torch.Tensor, max_queries: Optional[int] = 256) -> Dict[str, float]:
     """Mean normalised entropy H / log n of every attention layer's rows for ``images``.
 
-    1 = uniform attention, 0 = one-hot. The model runs in eval mode (no noise, no dropout) and is
-    put back in its previous mode afterwards.
+    1 = uniform attention, 0 = one-hot; rows that attend nothing are left out of the mean (NaN when
+    every row of a layer does). The model runs in eval mode (no noise, no dropout) and is put back in
+    its previous mode afterwards.
     """
     was_training = model.training
     model.eval()
@@ -75,4 +79,4 @@ def attention_entropy(model: nn.Module, images: torch.Tensor, max_queries: Optio
         model.train(was_training)
     if not maps:
         raise ValueError(f"{type(model).__name__} has no vitzoo attention layers; build it with vitzoo.create_model")
-    return {name: float(row_entropy(p).mean()) for name, p in maps.items()}
+    return {name: float(row_entropy(p).nanmean()) for name, p in maps.items()}
