@@ -250,6 +250,7 @@ def test_registry_lists_every_corruption_and_family():
     ({"images": torch.rand(3, 32, 32)}, r"\(B, C, H, W\)"),
     ({"images": torch.randint(0, 255, (1, 3, 8, 8), dtype=torch.uint8)}, "float"),
     ({"images": torch.randn(1, 3, 8, 8)}, "before normalising"),
+    ({"images": torch.rand(1, 3, 8, 8).index_fill_(3, torch.tensor([2]), float("nan"))}, "contain NaN"),
     ({"images": torch.rand(1, 2, 8, 8), "name": "jpeg_compression"}, "1 or 3 channels"),
 ])
 def test_bad_input_names_the_fix(kwargs, match):

@@ -208,7 +208,10 @@ def _check(images: Tensor, name: str, severity: int, protocol: Optional[str]) ->
         raise ValueError(f"images must be a float tensor (B, C, H, W) in [0, 1], got {what}; "
                          "for uint8 use images.float() / 255")
     lo, hi = torch.aminmax(images) if images.numel() else (0, 1)
-    if lo < 0 or hi > 1:
+    if not (lo >= 0 and hi <= 1):  # NaN fails both
+        if images.isnan().any():
+            raise ValueError("images contain NaN; find where they come from (a corrupted file, a division by zero) "
+                             "before corrupting them")
         raise ValueError(f"images must lie in [0, 1], got values in [{lo.item():.3g}, {hi.item():.3g}]; "
                          "corrupt before normalising, or clamp first")
 
