@@ -171,6 +171,23 @@ def test_cpu_kernel_copies_overlapping_rows(feature_map):
         torch.testing.assert_close(g_, g_ref, rtol=1e-4, atol=1e-6)
 
 
+def test_mismatched_shapes_are_errors_not_memory_corruption():
+    """linear_attention_torch checks shapes before the kernel indexes raw memory; the kernel checks them too."""
+    q, k, v = make_qkv(1, 1, 10, 4, requires_grad=False)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        linear_attention_torch(q, torch.randn(1, 1, 3000, 4), v, use_kernel=True)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        linear_attention_torch(q.repeat(1, 2, 1, 1), k, v, use_kernel=True)
+    kernel, elu = CK.cpu_kernel(q, "elu"), CK.CPU_KERNEL_MAPS.index("elu")
+    with pytest.raises(RuntimeError, match="one \\(B, H, N\\)"):
+        kernel.state_sweep(torch.randn(1, 1, 3000, 4), v, elu, 0, 3000, 256)
+    S, z = kernel.state_sweep(k, v, elu, 0, 10, 256)
+    with pytest.raises(RuntimeError, match="state S"):
+        kernel.output_sweep(q, S[:, :2], z, EPS, elu, torch.empty_like(v), 0, 10, 256)
+    with pytest.raises(RuntimeError, match="token range"):
+        kernel.output_sweep(q, S, z, EPS, elu, torch.empty_like(v), 0, 11, 256)
+
+
 def test_cpu_kernel_fallback_and_switches(monkeypatch):
     """A failed build warns once, names the fix and leaves torch ops running; VITZOO_CPU_KERNEL=0
     skips the kernel; use_kernel=True where it cannot serve says why."""

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from .torch_linear import TORCH_FEATURE_MAPS, linear_attention_torch
+from .torch_linear import TORCH_FEATURE_MAPS, check_inputs, linear_attention_torch
 
 __all__ = ["fused_linear_attention", "linear_attention_torch", "triton_available", "triton_interpreting",
            "FUSED_IMPLS"]
@@ -54,19 +54,6 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
     return None
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if not (q.dim() == k.dim() == v.dim() == 4):
-        raise ValueError(f"q, k, v must be (B, H, N, D) tensors, got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}; reshape to (batch, heads, tokens, head_dim)")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; q and k "
-                         "need the same (B, H, *, D), k and v the same (B, H, N, *)")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them with .to()")
-    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them first")
-
-
 def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
                            eps: float = 1e-6, impl: str = "auto", chunk: Optional[int] = None) -> torch.Tensor:
     """out = phi(q) S / (phi(q).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j); non-causal.
@@ -83,7 +70,7 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(FUSED_IMPLS)}{hint}")
     if feature_map not in TORCH_FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
-    _check_inputs(q, k, v)
+    check_inputs(q, k, v)
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch
         refusal = _triton_refusal(q, v, feature_map)
         if refusal is None and (impl == "triton" or q.is_cuda):

@@ -32,7 +32,7 @@ from ._autograd import FusedLinearFunction
 from ._threads import single_threaded_pool
 from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
 
-__all__ = ["linear_attention_torch", "chunk_tokens", "TORCH_FEATURE_MAPS"]
+__all__ = ["linear_attention_torch", "check_inputs", "chunk_tokens", "TORCH_FEATURE_MAPS"]
 
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
 _MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
@@ -281,10 +281,10 @@ class _KernelSteps:
 
 def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool]):
     """The compiled CPU sweeps where they serve the inputs (and ``use_kernel`` is not False), else torch ops."""
-    kernel = cpu_kernel(q, feature_map) if use_kernel is not False and q.dtype == k.dtype == v.dtype else None
+    kernel = cpu_kernel(q, feature_map) if use_kernel is not False else None
     if use_kernel and kernel is None:
         raise ValueError(f"the compiled CPU kernel cannot serve these inputs ({q.device.type}, {q.dtype}, "
-                         f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors of one dtype and "
+                         f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors and "
                          f"{list(CPU_KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
                          "pass use_kernel=None to fall back to torch ops")
     if kernel is not None:
@@ -327,6 +327,20 @@ class _LinearAttentionFn(FusedLinearFunction):
             return _backward(dout, q, k, v, S, z, _steps(q, k, v, ctx.feature_map, ctx.eps, chunk, use_kernel), needs)
 
 
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """(B, H, N, D) q, k and (B, H, N, Dv) v on one device in one floating dtype, else a ValueError naming the fix."""
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise ValueError(f"q, k, v must be (B, H, N, D) tensors, got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}; reshape to (batch, heads, tokens, head_dim)")
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; q and k "
+                         "need the same (B, H, *, D), k and v the same (B, H, N, *)")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them with .to()")
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them first")
+
+
 def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
                            eps: float = 1e-6, chunk: Optional[int] = None,
                            use_kernel: Optional[bool] = None) -> torch.Tensor:
@@ -334,11 +348,12 @@ def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     ops ~1 MiB buffers of all slices, for the CPU kernel 256 rows of each slice).
 
     ``use_kernel``: None runs the steps in the compiled CPU kernel where it serves the inputs (float32 /
-    float64 CPU tensors of one dtype, elu or relu) and in torch ops otherwise; True insists on the kernel,
+    float64 CPU tensors, elu or relu) and in torch ops otherwise; True insists on the kernel,
     False on torch ops.
     """
     if feature_map not in TORCH_FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
+    check_inputs(q, k, v)
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
     return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)[0]

@@ -11,11 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <climits>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
-extern "C" {  // from the MKL that ATen links, when it has one (weak: null otherwise)
+extern "C" {  // from the MKL that ATen links, when it has one (weak: null otherwise; both, or neither is used)
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
             const float*, const int*, const float*, float*, const int*) __attribute__((weak));
 int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // mkl_service.h's mkl_set_num_threads_local
@@ -70,15 +71,18 @@ inline T dot(const T* a, const T* b, int64_t n) {
   return acc;
 }
 
+inline bool has_mkl() { return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr; }
+
 // C (m x n, row stride ldc) = op(A) op(B) + beta C for row-major A, B; ta / tb: A / B are stored transposed.
-// float32 goes straight to sgemm_ where ATen's MKL has it: column-major BLAS sees every row-major matrix
-// transposed, so it computes C^T = op(B)^T op(A)^T. float64 (gradcheck) and BLAS-less builds go through at::mm.
+// float32 goes straight to sgemm_ where ATen links MKL (and the sizes fit its 32-bit ints): column-major BLAS
+// sees every row-major matrix transposed, so it computes C^T = op(B)^T op(A)^T. float64 (gradcheck) and
+// other builds go through at::mm.
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B, int64_t ldb,
           T beta, T* C, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (sgemm_ != nullptr && k > 0) {
+    if (has_mkl() && k > 0 && std::max({m, n, k, lda, ldb, ldc}) <= INT_MAX) {
       const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
       const int M = int(m), N = int(n), K = int(k), LA = int(lda), LB = int(ldb), LC = int(ldc);
       const float one = 1;
@@ -102,11 +106,16 @@ template <typename T>
 struct Rows {
   T* data;
   int64_t heads, sb, sh, ld, width;
-  explicit Rows(const at::Tensor& t)
-      : data(t.data_ptr<T>()), heads(std::max<int64_t>(t.size(1), 1)), sb(t.stride(0)), sh(t.stride(1)),
-        ld(t.size(2) <= 1 ? std::max<int64_t>(t.size(3), 1) : t.stride(2)), width(t.size(3)) {
-    TORCH_CHECK(t.dim() == 4 && (width <= 1 || t.stride(3) == 1) && ld >= width,
-                "expected (B, H, N, D) with contiguous, non-overlapping rows");
+  explicit Rows(const at::Tensor& t) {
+    TORCH_CHECK(t.dim() == 4, "expected a (B, H, N, D) tensor, got ", t.dim(), " dims");
+    data = t.data_ptr<T>();
+    heads = std::max<int64_t>(t.size(1), 1);
+    sb = t.stride(0);
+    sh = t.stride(1);
+    width = t.size(3);
+    ld = t.size(2) <= 1 ? std::max<int64_t>(width, 1) : t.stride(2);
+    TORCH_CHECK((width <= 1 || t.stride(3) == 1) && ld >= width, "expected (B, H, N, D) with contiguous, "
+                "non-overlapping rows");
   }
   T* operator()(int64_t s, int64_t r) const { return data + (s / heads) * sb + (s % heads) * sh + r * ld; }
 };
@@ -118,6 +127,14 @@ struct Scratch {
   Scratch(int64_t block, int64_t width, int64_t dv) : f(block * width), g(block * dv), a(block * width), den(block) {}
 };
 
+// One thread's MKL kept to a single thread while it lives (a worker's products must not fan out).
+struct SingleThreadedMkl {
+  int previous = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+  ~SingleThreadedMkl() {
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous);
+  }
+};
+
 // body(s, r0, rows, scratch) for each block of at most `block` rows of tokens [lo, hi) in every slice, slices
 // split over ATen's threads (one thread in a worker), each with its own scratch and its MKL kept to itself.
 template <typename T, typename Body>
@@ -126,10 +143,9 @@ void for_blocks(int64_t slices, int64_t lo, int64_t hi, int64_t block, int64_t w
   if (hi <= lo) return;
   at::parallel_for(0, slices, 1, [&](int64_t s0, int64_t s1) {
     Scratch<T> buf(std::min(block, hi - lo), width, dv);
-    const int previous = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+    const SingleThreadedMkl single;
     for (int64_t s = s0; s < s1; ++s)
       for (int64_t r0 = lo; r0 < hi; r0 += block) body(s, r0, std::min(block, hi - r0), buf);
-    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous);
   });
 }
 
@@ -150,9 +166,26 @@ void features(const Rows<T>& x, int64_t s, int64_t r0, int64_t rows, T* __restri
 
 inline int64_t slices_of(const at::Tensor& x) { return x.size(0) * x.size(1); }
 
+// The sweeps index raw memory: every shape they rely on is checked first (tokens [lo, hi) of x, y's
+// (B, H, N) equal to x's, and a contiguous state S (BH, D, Dv), z (BH, D) for x's slices and width).
+void check_rows(const at::Tensor& x, const at::Tensor& y, int64_t lo, int64_t hi) {
+  TORCH_CHECK(x.dim() == 4 && y.dim() == 4 && x.sizes().slice(0, 3) == y.sizes().slice(0, 3),
+              "expected (B, H, N, *) tensors of one (B, H, N), got ", x.sizes(), " and ", y.sizes());
+  TORCH_CHECK(0 <= lo && lo <= hi && hi <= x.size(2), "token range [", lo, ", ", hi, ") outside ", x.size(2));
+}
+void check_state(const at::Tensor& x, const at::Tensor& S, const at::Tensor& z, int64_t dv) {
+  TORCH_CHECK(S.is_contiguous() && z.is_contiguous() && S.dtype() == x.dtype() && z.dtype() == x.dtype() &&
+                  S.sizes() == at::IntArrayRef({slices_of(x), x.size(3), dv}) &&
+                  z.sizes() == at::IntArrayRef({slices_of(x), x.size(3)}),
+              "expected a contiguous state S (BH, D, Dv) and z (BH, D) of the inputs' dtype, got ", S.sizes(),
+              " and ", z.sizes());
+}
+
 // S = sum phi(k)^T v (BH, D, Dv) and z = sum phi(k) (BH, D) over tokens [lo, hi).
 template <Map M, typename T>
 std::vector<at::Tensor> state_sweep(const at::Tensor& k, const at::Tensor& v, int64_t lo, int64_t hi, int64_t block) {
+  check_rows(k, v, lo, hi);
+  TORCH_CHECK(v.dtype() == k.dtype(), "k and v must share one dtype");
   const Rows<T> ks(k), vs(v);
   const int64_t D = ks.width, Dv = vs.width;
   auto S = at::zeros({slices_of(k), D, Dv}, k.options());
@@ -169,6 +202,9 @@ std::vector<at::Tensor> state_sweep(const at::Tensor& k, const at::Tensor& v, in
 template <Map M, typename T>
 void output_sweep(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, double eps, at::Tensor out,
                   int64_t lo, int64_t hi, int64_t block) {
+  check_rows(q, out, lo, hi);
+  check_state(q, S, z, out.size(3));
+  TORCH_CHECK(out.dtype() == q.dtype(), "out must have the inputs' dtype");
   const Rows<T> qs(q), os(out);
   const int64_t D = qs.width, Dv = os.width;
   const T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
@@ -192,6 +228,13 @@ template <Map M, typename T>
 std::vector<at::Tensor> query_grad_sweep(const at::Tensor& q, const at::Tensor& dout, const at::Tensor& S,
                                          const at::Tensor& z, double eps, const c10::optional<at::Tensor>& dq,
                                          int64_t lo, int64_t hi, int64_t block) {
+  check_rows(q, dout, lo, hi);
+  check_state(q, S, z, dout.size(3));
+  TORCH_CHECK(dout.dtype() == q.dtype(), "dout must have the inputs' dtype");
+  if (dq.has_value()) {
+    check_rows(q, *dq, lo, hi);
+    TORCH_CHECK(dq->size(3) == q.size(3) && dq->dtype() == q.dtype(), "dq must be shaped and typed like q");
+  }
   const Rows<T> qs(q), dos(dout);
   const int64_t D = qs.width, Dv = dos.width;
   auto dS = at::zeros({slices_of(q), D, Dv}, q.options());
@@ -236,6 +279,15 @@ template <Map M, typename T>
 void key_value_grad_sweep(const at::Tensor& k, const at::Tensor& v, const at::Tensor& dS, const at::Tensor& dz,
                           const c10::optional<at::Tensor>& dk, const c10::optional<at::Tensor>& dv, int64_t lo,
                           int64_t hi, int64_t block) {
+  check_rows(k, v, lo, hi);
+  check_state(k, dS, dz, v.size(3));
+  TORCH_CHECK(v.dtype() == k.dtype(), "k and v must share one dtype");
+  for (const auto& [grad, like] : {std::pair{&dk, &k}, std::pair{&dv, &v}}) {
+    if (!grad->has_value()) continue;
+    check_rows(*like, **grad, lo, hi);
+    TORCH_CHECK((*grad)->size(3) == like->size(3) && (*grad)->dtype() == like->dtype(),
+                "dk / dv must be shaped and typed like k / v");
+  }
   const Rows<T> ks(k), vs(v), dks(dk.has_value() ? *dk : k), dvs(dv.has_value() ? *dv : v);
   const int64_t D = ks.width, Dv = vs.width;
   const T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
@@ -288,5 +340,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    const OptTensor& dk, const OptTensor& dv, int64_t lo, int64_t hi, int64_t block) {
     VITZOO_DISPATCH(key_value_grad_sweep, k, map, k, v, dS, dz, dk, dv, lo, hi, block);
   }, nogil);
-  m.def("has_blas", [] { return sgemm_ != nullptr; });  // float32 products straight to MKL
+  m.def("has_blas", [] { return has_mkl(); });  // float32 products straight to MKL
 }
