@@ -39,23 +39,23 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("train", "profile", "eval", "report")
 
-# (label in the table, Hydra model preset). The order is the table's.
-PRESETS: Tuple[Tuple[str, str], ...] = (
-    ("softmax", "vit_softmax"),
-    ("softmax, log-n scale", "vit_logn"),
-    ("softmax, projected heads", "vit_projected"),
-    ("softmax + logit noise 0.5", "vit_noisy"),
-    ("efficient", "vit_efficient"),
-    ("linear (elu+1)", "vit_linear"),
-    ("linear (relu)", "vit_linear_relu"),
-    ("taylor (1+cos)", "vit_taylor"),
-    ("synth random", "vit_synth_random"),
-    ("synth random, fixed", "vit_synth_fixed"),
-    ("synth dense", "vit_synth_dense"),
-    ("synth mix (random+softmax)", "vit_synth_mix"),
-    ("non-local ResNet, softmax", "nonlocal_resnet_softmax"),
-    ("non-local ResNet, linear", "nonlocal_resnet_linear"),
-)
+
+
+def zoo_presets(model_dir: Path = ROOT / "configs" / "model") -> Tuple[Tuple[str, str], ...]:
+    """(label in the table, Hydra model preset) for every preset in configs/model/: the ViTs (softmax
+    first), then the non-local ResNets. A preset without its ``label:`` is an error naming the file."""
+    import yaml
+
+    rows = []
+    for path in sorted(model_dir.glob("*.yaml")):
+        label = (yaml.safe_load(path.read_text()) or {}).get("label")
+        if not isinstance(label, str) or not label:
+            raise SystemExit(f"{path}: add a `label:` line (the preset's row name in the zoo table)")
+        rows.append((label, path.stem))
+    return tuple(sorted(rows, key=lambda row: (row[1].startswith("nonlocal"), row[1] != "vit_softmax", row[1])))
+
+
+PRESETS = zoo_presets()
 
 
 @dataclass(frozen=True)

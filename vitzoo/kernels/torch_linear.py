@@ -85,10 +85,19 @@ def _taylor_grad(df, f, x, out):
     return torch.div(dunit - unit * radial, norm.clamp_min(_TAYLOR_NORM_EPS), out=out)
 
 
+def _identity_phi(x, buf):
+    return buf("f", x.shape).copy_(x), None
+
+
+def _identity_grad(df, f, aux, out):
+    return out.copy_(df)
+
+
 TORCH_FEATURE_MAPS = {
     "elu": FeatureMap(_elu_phi, _elu_grad),
     "relu": FeatureMap(_relu_phi, _relu_grad),
     "taylor": FeatureMap(_taylor_phi, _taylor_grad, extra=1),
+    "identity": FeatureMap(_identity_phi, _identity_grad),  # features computed by the caller
 }
 
 

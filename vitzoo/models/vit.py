@@ -8,7 +8,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
-from vitzoo.export.hub import verify_local_dir
+from .local_dir import verify_local_dir
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
 
