@@ -3,11 +3,10 @@ the mechanism inside both backbones at twice the training resolution against a f
 import math
 
 import torch
+from attention_reference import module_out, module_qkv
 
 import vitzoo
 from vitzoo.attention import ZooAttention, build_attention
-
-from attention_reference import module_out, module_qkv
 
 
 def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
@@ -42,7 +41,8 @@ def check_double_resolution(spec, reference):
         model = model.double().eval()
         seen = []
         layers = [m for m in model.modules() if isinstance(m, ZooAttention)]
-        hooks = [m.register_forward_hook(lambda m, args, out: seen.append((m, args[0], out))) for m in layers]
+        hooks = [m.register_forward_hook(lambda m, args, out, seen=seen: seen.append((m, args[0], out)))
+                 for m in layers]
         with torch.no_grad():
             logits = model(torch.randn(2, 3, 64, 64, dtype=torch.float64))
         for h in hooks:

@@ -3,11 +3,10 @@ import math
 
 import pytest
 import torch
-
-from vitzoo.attention import build_attention
-
 from attention_reference import kernel_ref, module_out, module_qkv, single_thread  # noqa: F401
 from mech_checks import build, check_double_resolution, gradcheck_module
+
+from vitzoo.attention import build_attention
 
 
 def focused_ref(x, scale, p=3):
@@ -19,7 +18,7 @@ def focused_ref(x, scale, p=3):
 
 def dwc_ref(v, conv, grid, prefix):
     """sum over the k x k window of each grid token's channel (zero padding) + bias; prefix tokens get 0."""
-    B, H, N, D = v.shape
+    B, H, _, D = v.shape
     h, w = grid
     weight, bias = conv.weight.double()[:, 0], conv.bias.double()  # (H*D, k, k), (H*D,)
     r = weight.shape[-1] // 2
@@ -73,7 +72,9 @@ def test_focus_keeps_the_norm_and_sharpens_the_direction():
     r = torch.tensor([[1.0, 2.0, 0.5, 0.0]], dtype=torch.float64)
     phi = focused_ref(r, torch.full((4,), math.log(math.e - 1), dtype=torch.float64))  # softplus(s) = 1
     torch.testing.assert_close(phi.norm(), r.norm())
-    cos = lambda a, b: float((a * b).sum() / a.norm() / b.norm())  # noqa: E731
+    def cos(a, b):
+        return float((a * b).sum() / a.norm() / b.norm())
+
     ones = torch.ones(1, 4, dtype=torch.float64)
     assert cos(phi, ones) < cos(r, ones)  # pulled toward its largest channel
 
