@@ -3,10 +3,11 @@ the mechanism inside both backbones at twice the training resolution against a f
 import math
 
 import torch
-from attention_reference import module_out, module_qkv
 
 import vitzoo
 from vitzoo.attention import ZooAttention, build_attention
+
+from attention_reference import module_out, module_qkv
 
 
 def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):

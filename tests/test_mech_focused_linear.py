@@ -3,10 +3,11 @@ import math
 
 import pytest
 import torch
-from attention_reference import kernel_ref, module_out, module_qkv, single_thread  # noqa: F401
-from mech_checks import build, check_double_resolution, gradcheck_module
 
 from vitzoo.attention import build_attention
+
+from attention_reference import kernel_ref, module_out, module_qkv, single_thread  # noqa: F401
+from mech_checks import build, check_double_resolution, gradcheck_module
 
 
 def focused_ref(x, scale, p=3):
@@ -72,11 +73,8 @@ def test_focus_keeps_the_norm_and_sharpens_the_direction():
     r = torch.tensor([[1.0, 2.0, 0.5, 0.0]], dtype=torch.float64)
     phi = focused_ref(r, torch.full((4,), math.log(math.e - 1), dtype=torch.float64))  # softplus(s) = 1
     torch.testing.assert_close(phi.norm(), r.norm())
-    def cos(a, b):
-        return float((a * b).sum() / a.norm() / b.norm())
-
     ones = torch.ones(1, 4, dtype=torch.float64)
-    assert cos(phi, ones) < cos(r, ones)  # pulled toward its largest channel
+    assert torch.cosine_similarity(phi, ones) < torch.cosine_similarity(r, ones)  # pulled toward its largest channel
 
 
 def test_gradcheck():

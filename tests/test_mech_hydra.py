@@ -1,11 +1,12 @@
 """hydra: channel-wise cosine attention against an explicit float64 n x n matrix per channel."""
 import pytest
 import torch
-from attention_reference import module_out, module_qkv, single_thread  # noqa: F401
-from mech_checks import build, check_double_resolution, gradcheck_module
 
 from vitzoo.attention import build_attention
 from vitzoo.diagnostics import capture_attention
+
+from attention_reference import module_out, module_qkv, single_thread  # noqa: F401
+from mech_checks import build, check_double_resolution, gradcheck_module
 
 
 def channels(t):

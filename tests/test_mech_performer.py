@@ -3,16 +3,13 @@ import math
 
 import pytest
 import torch
-from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import build, check_double_resolution, gradcheck_module
 
 from vitzoo.attention import build_attention
 from vitzoo.attention import functional as AF
-from vitzoo.attention.performer import (
-    PerformerFeatureMap,
-    orthogonal_gaussian,
-    performer_features,
-)
+from vitzoo.attention.performer import PerformerFeatureMap, orthogonal_gaussian, performer_features
+
+from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from mech_checks import build, check_double_resolution, gradcheck_module
 
 
 def log_features(x, w, scale=None):
