@@ -197,7 +197,7 @@ def test_unknown_architecture_and_mechanism_list_the_valid_names():
         vitzoo.create_model("vit_huge")
     assert all(m in str(err.value) for m in vitzoo.list_models())
     with pytest.raises(ValueError) as err:
-        vitzoo.create_model("vit_tiny", attention="performer", **small("vit_tiny"))
+        vitzoo.create_model("vit_tiny", attention="softmaxx", **small("vit_tiny"))
     assert all(n in str(err.value) for n in vitzoo.list_attentions())
 
 
