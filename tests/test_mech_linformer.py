@@ -83,7 +83,8 @@ def test_interpolation_at_twice_the_grid():
     e, f = (ref_resized(w, GRID, big) for w in weights(m))
     torch.testing.assert_close(m(x), ref_module(m, x, e, f)[0], rtol=1e-10, atol=1e-10)
     # mass kept: F applied to values constant over the grid (any prefix value) is the same at both grids
-    flat = lambda grid: torch.cat([torch.tensor([7.0]), torch.ones(grid[0] * grid[1])]).double()  # noqa: E731
+    def flat(grid):
+        return torch.cat([torch.tensor([7.0]), torch.ones(grid[0] * grid[1])]).double()
     torch.testing.assert_close(m.f(m.built_layout) @ flat(GRID), f @ flat(big), rtol=1e-12, atol=1e-12)
 
 
