@@ -77,8 +77,7 @@ def test_log_n_scales_count_agents_and_tokens():
     m.token_grid = GRID
     x = torch.randn(2, N, DIM, dtype=torch.float64)
     d = DIM // HEADS
-    kappa = lambda n_train: math.sqrt(d) / math.log(n_train)  # noqa: E731
-    scales = (kappa(4) * math.log(4) / d, kappa(7) * math.log(N) / d)
+    scales = (math.sqrt(d) / math.log(4) * math.log(4) / d, math.sqrt(d) / math.log(7) * math.log(N) / d)
     torch.testing.assert_close(m(x), ref_agent(m, x, (2, 2), scales)[0], rtol=1e-10, atol=1e-10)
     assert scales[0] == pytest.approx(d ** -0.5) and scales[1] > d ** -0.5
 
@@ -96,7 +95,7 @@ def test_a_grid_smaller_than_the_agent_grid_makes_every_patch_query_an_agent():
     m49, m_all = build({"num_agents": 49}), build({"num_agents": 36})  # 7x7 and 6x6 clip to the 4x6 grid
     x = torch.randn(2, N, DIM, dtype=torch.float64)
     torch.testing.assert_close(m49(x), m_all(x), rtol=0, atol=0)
-    q, k, v = module_qkv(m49, x)
+    q, k, _ = module_qkv(m49, x)
     a = q[:, :, PREFIX:]
     implied = softmax_ref(q, a, a)[1] @ softmax_ref(a, k, k)[1]
     torch.testing.assert_close(m49.probs(x, *m49.project(x)[:2], None, False, torch.arange(N)), implied)
