@@ -158,11 +158,7 @@ def test_attention_entropy_runs_noiseless_eval_and_restores_the_mode():
 
 # Linformer's implied matrix softmax(Q (E K)^T) F is signed and its rows do not sum to 1 (docs/mechanisms.md,
 # section 9), so its entropy is NaN; what the diagnostic should report for it is still open.
-SIGNED_MAPS = {"linformer"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="signed implied matrix"))
-                                  if n in SIGNED_MAPS else n for n in vitzoo.list_attentions()])
+@pytest.mark.parametrize("name", vitzoo.list_attentions())
 def test_every_mechanism_has_row_stochastic_maps_and_an_entropy(name):
     model = vit(name).eval()
     images = torch.randn(2, 3, 32, 32)

@@ -54,8 +54,12 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: to
 
 def linformer_probs(q: torch.Tensor, k: torch.Tensor, e: torch.Tensor, f: torch.Tensor,
                     scale: Optional[float] = None) -> torch.Tensor:
-    """The implied (B, H, Nq, N) matrix softmax(Q (E K)^T scale) F; its rows need not sum to 1."""
-    return AF.softmax_probs(q, _along_tokens(e, k), scale) @ AF.acc(f)
+    """Each token's share of a query's mix: |softmax(Q (E K)^T scale) F|, rows normalised (B, H, Nq, N).
+
+    The implied matrix itself is signed (F is), so, as for Hydra, the diagnostics see the absolute
+    weights as a distribution (docs/mechanisms.md section 9)."""
+    weight = (AF.softmax_probs(q, _along_tokens(e, k), scale) @ AF.acc(f)).abs()
+    return weight / weight.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight.dtype).tiny)
 
 
 @register_attention("linformer")
