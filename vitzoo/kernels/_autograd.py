@@ -1,7 +1,7 @@
 """The autograd plumbing the fused paths share: ``FusedLinearFunction``, beside their kernels.
 
 - Under ``create_graph=True`` (a gradient penalty, a Hessian-vector product, ``torch.func.grad``)
-  backward differentiates the eager formula (``eager_grads``): the fused analytic backward is not
+  backward differentiates the naive formula (``eager_grads``, naive.py): the fused analytic backward is not
   itself differentiable. Same values, the eager formula's memory.
 - ``torch.vmap`` folds the mapped dim into the batch, so one call serves every sample (per-sample
   gradients: ``vmap(grad(...))``).
@@ -12,16 +12,16 @@ from typing import Sequence
 
 import torch
 
+from .naive import naive_linear_attention
+
 __all__ = ["FusedLinearFunction", "eager_grads"]
 
 
 def eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bool]):
     """(dq, dk, dv) of the eager formula at (q, k, v) for ``dout``, recorded for a further backward
     (None where ``needs`` is False). Called from ``backward`` with grad mode on."""
-    from vitzoo.attention.functional import linear_attention
-
     q, k, v = (x.view_as(x) for x in (q, k, v))  # one node per role: q, k, v may be one tensor (self-attention)
-    out = linear_attention(q, k, v, feature_map, eps, impl="eager")
+    out = naive_linear_attention(q, k, v, feature_map, eps)
     wanted = [x for x, need in zip((q, k, v), needs) if need]
     found = iter(torch.autograd.grad(out, wanted, dout, create_graph=True, allow_unused=True))
     return tuple(next(found) if need else None for need in needs)

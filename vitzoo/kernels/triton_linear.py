@@ -5,7 +5,8 @@ over (batch*heads, splits) programs and writes fp32 partials that are summed in 
 (deterministic); ``_output_kernel`` computes phi(q) S / (phi(q).z + eps) with the division fused.
 Backward (same notation as ``torch_linear``) recomputes the features: ``_dq_kernel`` reads q, dO
 once, writes dq and partials of [dS | dz]; ``_dkv_kernel`` reads k, v once and writes dk, dv.
-Only q, k, v, S, z are saved. Feature maps: elu (+1) and relu; head dims up to 128.
+Only q, k, v, S, z are saved. Feature maps: elu (+1), relu and identity; q, k up to 256 features,
+v up to 128 channels.
 Launches: batch*heads on grid axis 0 (CUDA caps axes 1 and 2 at 65,535), 64-bit token offsets,
 autotuning keyed on a power-of-two bucket of the token count; the reductions' token block and warp
 count are fixed, so S, z, dS, dz have the same bits in every process.
@@ -21,10 +22,11 @@ import triton.language as tl
 from . import triton_interpreting
 from ._autograd import FusedLinearFunction
 
-__all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM"]
+__all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_FEATURE_DIM", "MAX_HEAD_DIM"]
 
-TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1}
-MAX_HEAD_DIM = 128
+TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1, "identity": 2}  # identity: features computed by the caller
+MAX_FEATURE_DIM = 256  # q, k: e.g. 256 precomputed random features
+MAX_HEAD_DIM = 128  # v
 REDUCE_BLOCK_N = 64  # token block of the reduction kernels: fixed, as it sets the summation order
 
 
@@ -48,14 +50,18 @@ _KEY = ["N_BUCKET", "D", "DV"]  # N_BUCKET = _pow2(N), unused in the kernels: on
 def _phi(x, FEATURE: tl.constexpr):
     if FEATURE == 0:
         return tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
-    return tl.maximum(x, 0.0)
+    if FEATURE == 1:
+        return tl.maximum(x, 0.0)
+    return x
 
 
 @triton.jit
 def _dphi(x, FEATURE: tl.constexpr):
     if FEATURE == 0:
         return tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
-    return tl.where(x > 0, 1.0, 0.0)
+    if FEATURE == 1:
+        return tl.where(x > 0, 1.0, 0.0)
+    return tl.full(x.shape, 1.0, tl.float32)
 
 
 @triton.jit
