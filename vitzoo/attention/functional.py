@@ -160,14 +160,14 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_
     ``impl``: ``eager`` is the plain formula; ``torch`` (chunked autograd Function) and
     ``triton`` (GPU kernels) are the fused non-causal paths in ``vitzoo.kernels``; ``auto``
     takes Triton on CUDA, the torch path elsewhere, and the eager formula for the causal form
-    and for key noise (both still O(n)). While a graph is being captured (tracing, ONNX export,
-    torch.compile, torch.export) every impl runs the eager formula: the same function, carried exactly.
+    and for key noise (both still O(n)). The fused paths are one custom op to torch.compile and
+    torch.export; under jit tracing and ONNX export every impl runs the eager formula (``graph_capture``).
     """
     if impl not in LINEAR_IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(LINEAR_IMPLS)}")
     _feature_map(feature_map)
     if impl != "eager" and graph_capture():
-        impl = "eager"  # an exporter, tracer or compiler records the plain formula, never the fused call
+        impl = "eager"  # a jit tracer or ONNX exporter records the plain formula, never the fused call
     if causal or logit_noise > 0:
         if impl in ("torch", "triton"):
             what = "causal=True" if causal else "logit_noise > 0"
@@ -181,10 +181,10 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_
 
 
 def graph_capture() -> bool:
-    """Whether this call is being recorded into a graph (torch.jit trace/script, the ONNX exporters,
-    torch.compile / torch.export); the fused autograd Functions cannot be carried there."""
-    return (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
-            or torch.compiler.is_compiling())
+    """Whether this call is being recorded by a tracer that cannot carry the fused custom op (torch.jit
+    trace/script, either ONNX exporter): the naive formula runs there instead. torch.compile and
+    torch.export carry the op itself (``vitzoo::linear_attention``)."""
+    return torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
 
 
 def taylor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,

@@ -1,4 +1,4 @@
-"""Chunked torch path for non-causal kernel attention: an autograd Function with the analytic backward.
+"""Chunked torch path for non-causal kernel attention, with the analytic backward (behind ops.py's custom op).
 
 out_i = phi(q_i) S / (phi(q_i).z + eps),  S = sum_j phi(k_j)^T v_j,  z = sum_j phi(k_j).
 
@@ -26,12 +26,12 @@ from typing import Optional
 
 import torch
 
-from ._autograd import FusedLinearFunction
 from ._threads import single_threaded_pool
 from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
 from .feature_maps import FUSED_MAPS, FusedMap, feature_map as _check_map
+from .ops import fused_linear
 
-__all__ = ["linear_attention_torch", "check_inputs", "chunk_tokens"]
+__all__ = ["linear_attention_torch", "torch_forward", "torch_backward", "check_inputs", "chunk_tokens"]
 
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
 _MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
@@ -260,19 +260,17 @@ def _backward(dout, q, k, v, S, z, steps, needs):
     return dq, dk, dv
 
 
-class _LinearAttentionFn(FusedLinearFunction):
-    """options: chunk, use_kernel."""
+def torch_forward(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool]):
+    """(out, S, z): the forward of ``ops.linear_attention_op`` on this path."""
+    with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
+        return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
 
-    @staticmethod
-    def forward(q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
-        with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-            return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
 
-    @staticmethod
-    def fused_backward(ctx, dout, q, k, v, S, z, needs):
-        chunk, use_kernel = ctx.options
-        with torch.autocast(q.device.type, enabled=False):
-            return _backward(dout, q, k, v, S, z, _steps(q, k, v, ctx.feature_map, ctx.eps, chunk, use_kernel), needs)
+def torch_backward(dout, q, k, v, S, z, feature_map: str, eps: float, chunk: Optional[int],
+                   use_kernel: Optional[bool], needs):
+    """(dq, dk, dv) (None where not ``needs``): the analytic backward of this path."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _backward(dout, q, k, v, S, z, _steps(q, k, v, feature_map, eps, chunk, use_kernel), needs)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -303,4 +301,4 @@ def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     check_inputs(q, k, v)
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
-    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)[0]
+    return fused_linear(q, k, v, feature_map, eps, "torch", chunk, use_kernel)
