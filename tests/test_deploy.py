@@ -105,3 +105,18 @@ def test_legacy_onnx_export_of_the_fused_linear_path_is_the_eager_model():
 def test_torchscript_is_refused_with_one_clear_error():
     with pytest.raises(RuntimeError, match="use torch.jit.trace, torch.export or torch.onnx.export"):
         torch.jit.script(build("vit", "linear"))
+
+
+def test_export_onnx_writes_model_onnx_next_to_the_hub_export(tmp_path):
+    """vitzoo.export.onnx (python -m vitzoo.export ... --onnx): dynamic batch, the export's image size."""
+    from vitzoo.export import export_model
+    from vitzoo.export.onnx import export_onnx
+
+    model = build("vit", "linear")
+    export_model(model, tmp_path, data_config={"input_size": (3, 32, 32)})
+    path = export_onnx(tmp_path)
+    assert path == tmp_path / "model.onnx"
+    x = inputs(3)
+    got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"images": x.numpy()})[0])
+    with torch.no_grad():
+        assert_logits(got, model(x))
