@@ -174,5 +174,9 @@ class ZooAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj_drop(self.proj(self.norm(out)))
 
+    def __prepare_scriptable__(self):
+        raise RuntimeError(f"torch.jit.script cannot compile {type(self).__name__} (vitzoo's attention layers are not "
+                           "TorchScript); use torch.jit.trace, torch.export or torch.onnx.export instead")
+
     def extra_repr(self) -> str:
         return f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"

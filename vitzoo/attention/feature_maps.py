@@ -3,7 +3,8 @@
 Two layers:
 
 - ``FEATURE_MAPS``: the parameter-free maps the fused kernels apply themselves, by name
-  (``elu``, ``relu``, ``taylor``, and ``identity`` for features computed beforehand). Each takes
+  (``elu``, ``relu``, ``taylor``, and ``identity`` for features computed beforehand), re-exported
+  from their one table in ``vitzoo.kernels.feature_maps`` (values and derivatives). Each takes
   (..., D) and returns (..., D'); only ``taylor`` changes the width (it prepends a constant 1 so
   that phi(q) . phi(k) = 1 + cos(q, k), docs/mechanisms.md).
 - ``FeatureMap`` modules built from a spec: a name (``"elu"``) or a mapping with options
@@ -14,53 +15,17 @@ Two layers:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Mapping, Optional, Type, Union
+from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from vitzoo.kernels.feature_maps import FEATURE_MAPS, elu_plus_one, feature_map, identity, relu, taylor  # noqa: F401
 
 __all__ = ["FEATURE_MAPS", "feature_map", "FeatureMap", "FeatureMapSpec", "register_feature_map",
            "list_feature_maps", "build_feature_map"]
 
 FeatureMapSpec = Union[str, Mapping[str, Any]]
-
-
-def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
-    """Katharopoulos et al.: elu(x) + 1 > 0."""
-    return F.elu(x) + 1.0
-
-
-def relu(x: torch.Tensor) -> torch.Tensor:
-    """EfficientViT-style relu features (the denominator needs its eps)."""
-    return F.relu(x)
-
-
-def taylor(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """[1, x / |x|]: the first-order Taylor expansion of exp(cos), non-negative in dot products."""
-    unit = F.normalize(x, dim=-1, eps=eps)
-    return torch.cat([torch.ones_like(unit[..., :1]), unit], dim=-1)
-
-
-def identity(x: torch.Tensor) -> torch.Tensor:
-    """Features computed beforehand (by a ``FeatureMap`` module), taken as they are."""
-    return x
-
-
-FEATURE_MAPS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "elu": elu_plus_one,
-    "relu": relu,
-    "taylor": taylor,
-    "identity": identity,
-}
-
-
-def feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The fused feature map called ``name``; a ValueError lists the valid names."""
-    try:
-        return FEATURE_MAPS[name]
-    except KeyError:
-        raise ValueError(f"unknown feature_map {name!r}; choose one of {sorted(FEATURE_MAPS)}") from None
 
 
 class FeatureMap(nn.Module):
