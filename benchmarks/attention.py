@@ -10,7 +10,10 @@
 Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is
 often written), linear eager (vitzoo's reference formula, matmul-shaped), linear fused (the torch
 path: on CPU its steps in the compiled kernel, ``linear_torch``, and in torch ops, ``linear_torch_ops``;
-the Triton kernels on CUDA) and efficient attention. Mechanisms are interleaved within each
+the Triton kernels on CUDA), efficient attention, and the families users compare against:
+performer (256 random features) and focused_linear (FLatten's features) on the fused path through
+precomputed features, hydra, nystrom (64 landmarks), linformer (k = 256), agent (7x7 agents) and
+window (7x7 windows over a square grid, or 16 rows when n is not a square). Mechanisms are interleaved within each
 repetition; a time is the best of the repetitions (``--stat min``, timeit's advice: on a shared
 machine noise only adds time) or their median (``--stat median``); ratios are against the fused
 linear path of the same run. Peak memory is the peak above the inputs:
@@ -31,7 +34,9 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
+import functools
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -42,6 +47,13 @@ import torch
 import torch.nn.functional as F
 
 from vitzoo.attention import functional as AF
+from vitzoo.attention.agent import agent_attention
+from vitzoo.attention.focused_linear import FocusedFeatureMap
+from vitzoo.attention.hydra import hydra_attention
+from vitzoo.attention.linformer import linformer_attention
+from vitzoo.attention.nystrom import nystrom_attention
+from vitzoo.attention.performer import PerformerFeatureMap
+from vitzoo.attention.window import window_attention
 from vitzoo.kernels import linear_attention_torch
 from vitzoo.training.allocator import retain_freed_memory
 
@@ -57,6 +69,33 @@ def linear_naive(q, k, v, eps: float = 1e-6):
     return torch.einsum("bhnd,bhde,bhn->bhne", fq, kv, inv_den)
 
 
+@functools.lru_cache(maxsize=None)
+def _feature_map(kind: str, head_dim: int, device: torch.device) -> torch.nn.Module:
+    """One Performer / FLatten feature map per head size (built once, never redrawn while timed)."""
+    if kind == "performer":
+        return PerformerFeatureMap(head_dim, num_features=256, redraw_interval=0).to(device)
+    return FocusedFeatureMap(head_dim).to(device)
+
+
+def kernel_module(kind: str):
+    """Linear attention with a feature-map module's precomputed features, on the fused path."""
+    def run(q, k, v):
+        phi = _feature_map(kind, q.shape[-1], q.device)
+        return AF.linear_attention(phi(q, True), phi(k, False), v, "identity")
+    return run
+
+
+@functools.lru_cache(maxsize=None)
+def _token_projection(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(256, n, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0)) / n ** 0.5
+
+
+def _grid(n: int):
+    """A (h, w) patch grid of n tokens: square when n is a square, else 16 rows."""
+    side = math.isqrt(n)
+    return (side, side) if side * side == n else (16, n // 16)
+
+
 MECHANISMS = {
     "softmax": lambda q, k, v: AF.softmax_attention(q, k, v),
     "linear_naive": linear_naive,
@@ -65,6 +104,14 @@ MECHANISMS = {
     "linear_torch_ops": lambda q, k, v: linear_attention_torch(q, k, v, use_kernel=False),
     "linear_triton": lambda q, k, v: AF.linear_attention(q, k, v, impl="triton"),
     "efficient": lambda q, k, v: AF.efficient_attention(q, k, v),
+    "performer": kernel_module("performer"),  # m = 256 random features
+    "focused_linear": kernel_module("focused"),  # the attention term (the 5x5 conv on V is the module's)
+    "hydra": lambda q, k, v: hydra_attention(q, k, v),
+    "nystrom": lambda q, k, v: nystrom_attention(q, k, v, num_landmarks=64),
+    "linformer": lambda q, k, v: linformer_attention(q, k, v, _token_projection(k.shape[-2], k.device, k.dtype),
+                                                     _token_projection(v.shape[-2], v.device, v.dtype)),  # k = 256
+    "agent": lambda q, k, v: agent_attention(q, k, v, grid=_grid(q.shape[-2])),  # 7x7 agents
+    "window": lambda q, k, v: window_attention(q, k, v, grid=_grid(q.shape[-2]), window_size=7),
 }
 
 
