@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from PIL import Image
 
-__all__ = ["IMAGE_EXTENSIONS", "IMAGE_DIRS", "MASK_DIRS", "Sample", "list_images", "find_samples", "pair_samples"]
+__all__ = ["IMAGE_EXTENSIONS", "IMAGE_DIRS", "MASK_DIRS", "Sample", "list_images", "expand_pages", "find_samples", "pair_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def _by_stem(files: Sequence[Path], suffix: str, what: str) -> Dict[str, Path]:
     return stems
 
 
-def _expand(image: Path, mask: Optional[Path]) -> List[Sample]:
+def expand_pages(image: Path, mask: Optional[Path]) -> List[Sample]:
     """One sample per page; the mask stack must have as many pages as the image stack."""
     pages = _frames(image)
     if mask is not None and _frames(mask) != pages:
@@ -93,7 +93,7 @@ def pair_samples(images: Sequence[Path], masks: Sequence[Path], mask_suffix: str
     if unpaired not in UNPAIRED:
         raise ValueError(f"unpaired={unpaired!r}; use one of {UNPAIRED}")
     if len(images) == 1 and len(masks) == 1 and _frames(images[0]) > 1:
-        return _expand(images[0], masks[0])
+        return expand_pages(images[0], masks[0])
     image_stems, mask_stems = _by_stem(images, "", "images"), _by_stem(masks, mask_suffix, "masks")
     lonely_images = sorted(image_stems[s].name for s in image_stems.keys() - mask_stems.keys())
     lonely_masks = sorted(mask_stems[s].name for s in mask_stems.keys() - image_stems.keys())
@@ -111,7 +111,7 @@ def pair_samples(images: Sequence[Path], masks: Sequence[Path], mask_suffix: str
     if not common:
         raise FileNotFoundError("no image has a mask with the same file stem; check data.images / data.masks "
                                 "(and data.mask_suffix)")
-    return [s for stem in common for s in _expand(image_stems[stem], mask_stems[stem])]
+    return [s for stem in common for s in expand_pages(image_stems[stem], mask_stems[stem])]
 
 
 def _pick_dir(root: Path, names: Sequence[str], what: str, option: str) -> Path:

@@ -50,7 +50,7 @@ class SegmentationModule(L.LightningModule):
         return self.net(images)
 
     def predict_probs(self, image: torch.Tensor) -> torch.Tensor:
-        """(C, H, W) image of any size -> (num_classes, H, W) probabilities (windows, overlap, flip as set)."""
+        """(C, H, W) image of any size -> (num_classes, H, W) probabilities (``window``, ``overlap``, ``flip``)."""
         hp = self.hparams
         return sliding_window_probs(self.net, image, hp.window, hp.overlap, hp.flip)
 
