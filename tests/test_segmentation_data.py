@@ -40,7 +40,7 @@ def _stack(path: Path, pages) -> Path:
     return path
 
 
-def test_stems_pair_across_extensions_in_the_usual_folder_names(tmp_path):
+def test_stems_pair_across_extensions_in_the_usual_folder_names(tmp_path, monkeypatch):
     root = _binary_set(tmp_path, count=3, image_ext=".tif", mask_dir="label")
     samples = find_samples(root)
     assert [(s.image.name, s.mask.name, s.frame) for s in samples] == [
@@ -49,6 +49,8 @@ def test_stems_pair_across_extensions_in_the_usual_folder_names(tmp_path):
     assert [s.mask.name for s in find_samples(with_suffix, mask_suffix="_mask")] == ["s0_mask.png", "s1_mask.png"]
     only_png = find_samples(with_suffix, images="image/*.jpg", masks=str(with_suffix / "gt"), mask_suffix="_mask")
     assert len(only_png) == 2  # a glob relative to root, an absolute folder
+    monkeypatch.chdir(tmp_path)
+    assert [s.image for s in find_samples("b", mask_suffix="_mask")] == [Path("b/image/s0.jpg"), Path("b/image/s1.jpg")]
 
 
 def test_files_without_partner_are_named_or_skipped_with_a_warning(tmp_path, caplog):

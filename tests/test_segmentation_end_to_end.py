@@ -82,3 +82,16 @@ def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(expor
     assert summary["images"] == 3 and summary["images_per_s"] > 0 and summary["peak_memory_mib"] > 0
     assert summary["scores"]["fg_iou"] > 0.6
     assert json.loads((tmp_path / "predicted" / "predict.json").read_text())["scores"] == summary["scores"]
+
+    # one file, scored against a folder holding other images' masks too; flip TTA and probability maps
+    one = test / "image" / "slice_01.tif"
+    single_cfg = compose_config(tmp_path / "predict1", [f"ckpt_path={metrics['best_ckpt']}", f"input={one}",
+                                                        f"masks={test / 'label'}", f"output={tmp_path / 'one'}",
+                                                        "flip=true", "probs=true"], name="predict")
+    single = predict(single_cfg)
+    probs = np.load(tmp_path / "one" / "slice_01_probs.npy")
+    assert single["images"] == 1 and single["flip"] is True and probs.shape == (2, *Image.open(one).size[::-1])
+    np.testing.assert_allclose(probs.astype(np.float32).sum(0), 1, atol=2e-3)
+    sure = np.abs(probs[1].astype(np.float32) - 0.5) > 0.01  # float16 maps: ties may round either way
+    assert np.array_equal((np.asarray(Image.open(tmp_path / "one" / "slice_01.png")) // 255)[sure],
+                          probs.argmax(0)[sure])

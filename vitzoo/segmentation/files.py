@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from PIL import Image
 
-__all__ = ["IMAGE_EXTENSIONS", "IMAGE_DIRS", "MASK_DIRS", "Sample", "list_images", "expand_pages", "find_samples", "pair_samples"]
+__all__ = ["IMAGE_EXTENSIONS", "IMAGE_DIRS", "MASK_DIRS", "Sample", "list_images", "expand_pages", "mask_stem", "find_samples",
+           "pair_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,15 @@ def list_images(spec: Union[str, Path], root: Optional[Path] = None) -> List[Pat
     return files
 
 
+def mask_stem(path: Path, suffix: str = "") -> str:
+    """The image stem a mask file pairs with: its stem without ``suffix``."""
+    return path.stem[: -len(suffix)] if suffix and path.stem.endswith(suffix) else path.stem
+
+
 def _by_stem(files: Sequence[Path], suffix: str, what: str) -> Dict[str, Path]:
     stems: Dict[str, Path] = {}
     for f in files:
-        stem = f.stem[: -len(suffix)] if suffix and f.stem.endswith(suffix) else f.stem
+        stem = mask_stem(f, suffix)
         if stem in stems:
             raise ValueError(f"{stems[stem].name} and {f.name} are both {what} for '{stem}'; keep one of them "
                              f"or point the option at one extension with a glob (e.g. '*.png')")
@@ -103,7 +109,7 @@ def pair_samples(images: Sequence[Path], masks: Sequence[Path], mask_suffix: str
                  if found]
         message = f"{'; '.join(parts)}, matched by file stem"
         if unpaired == "error":
-            hint = f" (set data.mask_suffix='{mask_suffix}' if mask names add one)" if not mask_suffix else ""
+            hint = " (set data.mask_suffix=_mask if mask names add a suffix such as _mask)" if not mask_suffix else ""
             raise FileNotFoundError(f"{message}; add the partners, remove the extra files{hint}, or set "
                                     f"data.unpaired=skip to use only the pairs")
         log.warning("skipping %s (data.unpaired=skip)", message)
@@ -114,8 +120,8 @@ def pair_samples(images: Sequence[Path], masks: Sequence[Path], mask_suffix: str
     return [s for stem in common for s in expand_pages(image_stems[stem], mask_stems[stem])]
 
 
-def _pick_dir(root: Path, names: Sequence[str], what: str, option: str) -> Path:
-    found = [root / n for n in names if (root / n).is_dir()]
+def _pick_dir(root: Path, names: Sequence[str], what: str, option: str) -> str:
+    found = [n for n in names if (root / n).is_dir()]
     if len(found) != 1:
         state = "none of" if not found else "several of"
         raise FileNotFoundError(f"{root} has {state} the usual {what} folders ({', '.join(names)}); "

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from vitzoo.training import read_checkpoint, write_json
 
-from .files import Sample, expand_pages, list_images, pair_samples
+from .files import Sample, expand_pages, list_images, mask_stem, pair_samples
 from .inference import sliding_window_probs
 from .io import read_image, read_mask, write_mask
 from .labels import LabelMap
@@ -48,7 +48,11 @@ def _samples(cfg: DictConfig, data: Dict[str, Any]) -> List[Sample]:
     images = list_images(cfg.input)
     if cfg.masks is None:
         return [s for image in images for s in expand_pages(image, None)]
-    return pair_samples(images, list_images(cfg.masks), data.get("mask_suffix", ""))
+    suffix, masks = data.get("mask_suffix", ""), list_images(cfg.masks)
+    stems = {image.stem for image in images}
+    # masks of images not asked for are left out; when none matches, pairing names the unpaired files
+    ours = [m for m in masks if mask_stem(m, suffix) in stems]
+    return pair_samples(images, ours or masks, suffix)
 
 
 def _device(name: str) -> torch.device:
