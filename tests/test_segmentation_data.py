@@ -49,6 +49,10 @@ def test_stems_pair_across_extensions_in_the_usual_folder_names(tmp_path, monkey
     assert [s.mask.name for s in find_samples(with_suffix, mask_suffix="_mask")] == ["s0_mask.png", "s1_mask.png"]
     only_png = find_samples(with_suffix, images="image/*.jpg", masks=str(with_suffix / "gt"), mask_suffix="_mask")
     assert len(only_png) == 2  # a glob relative to root, an absolute folder
+    (with_suffix / "image" / "notes.txt").write_text("not an image")
+    assert len(find_samples(with_suffix, mask_suffix="_mask")) == 2  # a folder: its image files
+    with pytest.raises(ValueError, match="notes.txt is not an image .* a glob such as"):
+        find_samples(with_suffix, images="image/*", mask_suffix="_mask")
     monkeypatch.chdir(tmp_path)
     assert [s.image for s in find_samples("b", mask_suffix="_mask")] == [Path("b/image/s0.jpg"), Path("b/image/s1.jpg")]
 

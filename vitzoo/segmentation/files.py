@@ -55,11 +55,14 @@ def list_images(spec: Union[str, Path], root: Optional[Path] = None) -> List[Pat
     elif path.is_file():
         files = [path]
     elif any(c in str(spec) for c in "*?["):
-        base = Path(path.anchor) if path.is_absolute() else Path(root or ".")
-        pattern = str(path.relative_to(path.anchor)) if path.is_absolute() else str(spec_path)
-        files = sorted(p for p in base.glob(pattern) if p.is_file())
+        anchor = Path(path.anchor or ".")
+        files = sorted(p for p in anchor.glob(str(path.relative_to(path.anchor))) if p.is_file())
     else:
         raise FileNotFoundError(f"{path} does not exist; pass a folder, a file or a glob such as 'images/*.png'")
+    odd = [p.name for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
+    if odd:
+        raise ValueError(f"{odd[0]} is not an image ({', '.join(IMAGE_EXTENSIONS)}); name image files only, e.g. "
+                         f"with a glob such as '*.png'")
     if not files:
         raise FileNotFoundError(f"{path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
     return files
