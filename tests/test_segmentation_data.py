@@ -127,8 +127,8 @@ def test_label_map_maps_checks_and_writes_back():
 def test_the_issue_case_0_255_masks_with_ignore_255_is_an_error_before_training(tmp_path):
     """0/255 masks, num_classes=2, default ignore_index=255: formerly the whole foreground was ignored."""
     root = _binary_set(tmp_path)
-    with pytest.raises(ValueError, match=r"data.num_classes=2 but the masks hold no pixel of class 1 .*50% of the "
-                                         r"training pixels equal ignore_index=255.*data.mask_values='\{0: 0, 255: 1\}'"):
+    with pytest.raises(ValueError, match=r"data.num_classes=2 but the masks hold no pixel of class 1 .*50% of "
+                                         r"the training pixels equal ignore_index=255.*mask_values='\{0: 0, 255: 1\}'"):
         SegmentationDataModule(root, num_classes=2, num_workers=0).setup()
     with pytest.raises(ValueError, match=r"num_classes=256 but the masks hold no pixel of class 2..255 \(set "
                                          r"data.num_classes=2\)"):

@@ -13,12 +13,13 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from PIL import Image
 
-__all__ = ["IMAGE_EXTENSIONS", "IMAGE_DIRS", "MASK_DIRS", "Sample", "list_images", "expand_pages", "mask_stem", "find_samples",
+from vitzoo.data.imagefolder import IMAGE_EXTENSIONS
+
+__all__ = ["IMAGE_DIRS", "MASK_DIRS", "Sample", "list_images", "expand_pages", "mask_stem", "find_samples",
            "pair_samples"]
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 IMAGE_DIRS = ("images", "image", "imgs", "img")
 MASK_DIRS = ("masks", "mask", "labels", "label", "annotations", "gt")
 UNPAIRED = ("error", "skip")
