@@ -15,8 +15,9 @@ import vitzoo
 from conftest import compose_config
 from vitzoo.export import export_model
 from vitzoo.training import train
-from vitzoo.segmentation import (SHAPE_CLASSES, SegmentationDataModule, SegmentationFolder, SegmentationModule,
-                                 SegmentationNet, create_backbone, make_shapes_dataset)
+from vitzoo.segmentation import (SHAPE_CLASSES, LabelMap, SegmentationDataModule, SegmentationFolder,
+                                 SegmentationModule, SegmentationNet, create_backbone, find_samples,
+                                 make_shapes_dataset)
 
 QUIET_TRAINER = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False)
@@ -44,33 +45,36 @@ def test_shapes_masks_mark_the_drawn_shapes(tmp_path):
     assert len(sizes) > 1  # images of any size
 
 
-def test_folder_yields_fixed_size_unit_images_and_long_masks(tmp_path):
+def test_folder_yields_fixed_size_train_crops_and_native_size_val_images(tmp_path):
     root = make_shapes_dataset(tmp_path, num_images=10, seed=2)
-    dm = SegmentationDataModule(root, num_classes=4, img_size=32, batch_size=4, val_fraction=0.3)
+    dm = SegmentationDataModule(root, num_classes=4, img_size=32, batch_size=4, val_fraction=0.3, num_workers=0,
+                                repeats=3)
     dm.setup()
-    assert (len(dm.train_dataset), len(dm.val_dataset)) == (7, 3)
+    assert (len(dm.train_dataset), len(dm.val_dataset)) == (7 * 3, 3)  # repeats: 3 passes over 7 images
     images, masks = next(iter(dm.train_dataloader()))
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32 and 0 <= images.min() <= images.max() <= 1
-    assert masks.shape == (4, 32, 32) and masks.dtype == torch.long and int(masks.max()) < 4
+    assert masks.shape == (4, 32, 32) and masks.dtype == torch.long
+    assert set(masks.unique().tolist()) <= {0, 1, 2, 3, 255}
+    for (image, mask), sample in zip(dm.val_dataloader(), dm.val_dataset.samples):
+        w, h = Image.open(sample.image).size
+        assert image.shape == (1, 3, h, w) and mask.shape == (1, h, w)
 
 
 def test_folder_bad_input_names_the_fix(tmp_path):
     root = make_shapes_dataset(tmp_path / "data", num_images=2)
+    samples = find_samples(root)
     w, h = Image.open(root / "images" / "00000.png").size
     Image.fromarray(np.full((h, w), 9, np.uint8)).save(root / "masks" / "00000.png")
-    with pytest.raises(ValueError, match=r"class values \[9\] outside 0..3; set num_classes"):
-        SegmentationFolder(root, num_classes=4)[0]
+    with pytest.raises(ValueError, match=r"values \[9\] outside the classes 0..3 .*set data.num_classes"):
+        SegmentationFolder(samples, LabelMap(4))[0]
     Image.fromarray(np.zeros((h + 1, w), np.uint8)).save(root / "masks" / "00000.png")
     with pytest.raises(ValueError, match="must match their image's size"):
-        SegmentationFolder(root, num_classes=4)[0]
+        SegmentationFolder(samples, LabelMap(4))[0]
     Image.new("RGB", (w, h)).save(root / "masks" / "00000.png")
-    with pytest.raises(ValueError, match="single-channel PNGs"):
-        SegmentationFolder(root, num_classes=4)[0]
-    (root / "masks" / "00001.png").unlink()
-    with pytest.raises(FileNotFoundError, match="1 images have no mask.*00001.png"):
-        SegmentationFolder(root, num_classes=4)
-    with pytest.raises(FileNotFoundError, match="images/ and masks/"):
-        SegmentationFolder(tmp_path / "nowhere", num_classes=4)
+    with pytest.raises(ValueError, match="single-channel images"):
+        SegmentationFolder(samples, LabelMap(4))[0]
+    with pytest.raises(FileNotFoundError, match="none of the usual image folders.*data.images="):
+        find_samples(tmp_path)
 
 
 def test_backbone_choice_errors_name_the_fix(export_dir):
@@ -90,8 +94,8 @@ def _miou(module: SegmentationModule, loader) -> float:
     was_training = module.training
     module.eval()
     with torch.no_grad():
-        for images, masks in loader:
-            metric.update(module(images), masks)
+        for images, masks in loader:  # one native-size image per batch, in sliding windows
+            metric.update(module.predict_probs(images[0])[None], masks)
     module.train(was_training)
     return float(metric.compute())
 

@@ -1,10 +1,15 @@
-"""Semantic segmentation over an exported backbone: decoder, LightningModule, folder data, shapes demo."""
+"""Semantic segmentation over an exported backbone: folder data, decoder, LightningModule, sliding-window
+inference, scores, and a shapes demo."""
 from .data import SegmentationDataModule, SegmentationFolder
 from .decoder import MLPDecoder
+from .files import Sample, find_samples, pair_samples
+from .inference import sliding_window_probs
+from .labels import LabelMap
 from .model import SegmentationNet, create_backbone
 from .module import SegmentationModule
+from .scores import segmentation_scores
 from .shapes import SHAPE_CLASSES, ShapesDataModule, make_shapes_dataset
 
 __all__ = ["SegmentationModule", "SegmentationNet", "MLPDecoder", "create_backbone", "SegmentationDataModule",
-           "SegmentationFolder", "ShapesDataModule", "SHAPE_CLASSES",
-           "make_shapes_dataset"]
+           "SegmentationFolder", "Sample", "find_samples", "pair_samples", "LabelMap", "sliding_window_probs",
+           "segmentation_scores", "ShapesDataModule", "SHAPE_CLASSES", "make_shapes_dataset"]

@@ -1,119 +1,146 @@
-"""A folder of ``images/`` + ``masks/`` (integer class per pixel, any size) as a LightningDataModule.
+"""A folder of images and masks (any size, any of the common layouts) as a LightningDataModule.
 
-Layout: ``root/images/<name>.<jpg|png|...>`` and ``root/masks/<name>.png`` (single channel, value =
-class index, ``ignore_index`` for unlabeled pixels). With ``root/train/`` and ``root/val/`` each in
-that layout they are used as the splits; otherwise ``val_fraction`` of ``root`` is held out.
-Batches are ``(images in [0, 1] (B, 3, S, S), masks (B, S, S) long)``; the model normalises.
+Layout: ``root/<images>`` + ``root/<masks>`` (``images/``, ``image/``, ``masks/``, ``label/``, ... found
+automatically, or named with ``images`` / ``masks``: folder, file or glob); see ``files.find_samples``.
+With ``root/train/`` and ``root/val/`` each in that layout they are the splits; otherwise ``val_fraction``
+of ``root`` is held out. Masks go through a ``LabelMap`` (``mask_values``, ``binary_threshold``).
+
+Train batches: random rescale (``rescale``) + crop to ``img_size`` + horizontal flip, ``(images in [0, 1]
+(B, in_chans, S, S), masks (B, S, S) long)``. Val / test: one image at its native size per batch.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import albumentations as A
+import cv2
 import lightning as L
 import numpy as np
 import torch
-from PIL import Image
 from timm.layers import to_2tuple
 from torch.utils.data import DataLoader, Dataset, Subset
 
-__all__ = ["SegmentationFolder", "SegmentationDataModule", "IMAGE_EXTENSIONS"]
+from vitzoo.data.workers import resolve_num_workers
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+from .files import Sample, find_samples
+from .io import GRAY_MODES, image_mode, read_image, read_mask
+from .labels import LabelMap, check_histogram, class_histogram, format_histogram
+
+__all__ = ["SegmentationFolder", "SegmentationDataModule"]
+
+log = logging.getLogger(__name__)
 
 
 class SegmentationFolder(Dataset):
-    """(image, mask) pairs of ``root/images`` and ``root/masks`` matched by file stem."""
+    """``samples`` as ``(image (in_chans, H, W) float in [0, 1], mask (H, W) long class indices)``."""
 
-    def __init__(self, root: Union[str, Path], num_classes: int, transform: Optional[A.Compose] = None,
-                 ignore_index: int = 255):
-        root = Path(root)
-        image_dir, mask_dir = root / "images", root / "masks"
-        if not image_dir.is_dir() or not mask_dir.is_dir():
-            raise FileNotFoundError(f"{root} needs images/ and masks/ subfolders (masks/<name>.png per image)")
-        self.images = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-        if not self.images:
-            raise ValueError(f"{image_dir} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-        self.masks = [mask_dir / f"{p.stem}.png" for p in self.images]
-        missing = [m.name for m in self.masks if not m.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{len(missing)} images have no mask in {mask_dir} (e.g. {missing[0]}); "
-                                    f"add one single-channel PNG per image with the same name")
-        self.num_classes, self.transform, self.ignore_index = num_classes, transform, ignore_index
+    def __init__(self, samples: Sequence[Sample], labels: LabelMap, in_chans: int = 3,
+                 transform: Optional[A.Compose] = None):
+        if in_chans not in (1, 3):
+            raise ValueError(f"data.in_chans={in_chans}; use 3 (RGB, grayscale replicated) or 1 (grayscale)")
+        self.samples, self.labels, self.in_chans, self.transform = list(samples), labels, in_chans, transform
 
     def __len__(self) -> int:
-        return len(self.images)
+        return len(self.samples)
+
+    def mask(self, index: int) -> np.ndarray:
+        """The sample's class-index mask, checked by the ``LabelMap``."""
+        sample = self.samples[index]
+        return self.labels(read_mask(sample), sample.mask)
 
     def __getitem__(self, index: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        image = np.asarray(Image.open(self.images[index]).convert("RGB"))
-        mask = self._read_mask(index)
+        sample = self.samples[index]
+        image, mask = read_image(sample, self.in_chans), self.mask(index)
         if mask.shape != image.shape[:2]:
-            raise ValueError(f"{self.masks[index]} is {mask.shape[1]}x{mask.shape[0]} but its image is "
-                             f"{image.shape[1]}x{image.shape[0]}; masks must match their image's size")
+            raise ValueError(f"{sample.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {sample.image.name} "
+                             f"is {image.shape[1]}x{image.shape[0]}; masks must match their image's size")
         if self.transform is not None:
             out = self.transform(image=image, mask=mask)
             image, mask = out["image"], out["mask"]
-        image = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div_(255)
+        image = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
         return image, torch.from_numpy(np.ascontiguousarray(mask)).long()
-
-    def _read_mask(self, index: int) -> np.ndarray:
-        path = self.masks[index]
-        with Image.open(path) as m:
-            if m.mode not in ("L", "P", "I", "I;16"):
-                raise ValueError(f"{path} has mode {m.mode}; masks must be single-channel PNGs holding the class "
-                                 f"index per pixel (mode L or P), not colours")
-            mask = np.asarray(m).astype(np.int64)
-        bad = np.setdiff1d(np.unique(mask), np.r_[np.arange(self.num_classes), self.ignore_index])
-        if bad.size:
-            raise ValueError(f"{path} holds class values {bad.tolist()[:5]} outside 0..{self.num_classes - 1}; "
-                             f"set num_classes to cover them or mark unlabeled pixels {self.ignore_index}")
-        return mask
 
 
 class SegmentationDataModule(L.LightningDataModule):
-    """Train: random resized crop (``scale``) + horizontal flip to ``img_size``; val: resize to it."""
+    """Images + masks under ``root``; see the module docstring for layouts, ``LabelMap`` for the label options.
+
+    ``repeats`` passes over the training images per epoch (a short set still gets a sensible epoch);
+    ``num_workers='auto'`` sizes the loaders from the usable CPUs. At setup every mask is read once: values
+    are checked and the class histogram of the training masks is logged (kept in ``class_pixels``).
+    """
 
     def __init__(self, root: str, num_classes: int, img_size: Union[int, Sequence[int]] = 256, batch_size: int = 8,
-                 num_workers: int = 0, val_fraction: float = 0.2, scale: Sequence[float] = (0.5, 1.0),
-                 ignore_index: int = 255, seed: int = 0):
+                 num_workers: Union[int, str] = "auto", val_fraction: float = 0.2,
+                 rescale: Sequence[float] = (0.75, 1.5), ignore_index: int = 255,
+                 mask_values: Optional[Mapping[int, int]] = None, binary_threshold: Optional[float] = None,
+                 images: Optional[str] = None, masks: Optional[str] = None, mask_suffix: str = "",
+                 unpaired: str = "error", in_chans: int = 3, repeats: int = 1, seed: int = 0):
         super().__init__()
+        self.save_hyperparameters()
         if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction={val_fraction} must lie in (0, 1)")
-        self.root, self.num_classes, self.img_size = Path(root), num_classes, to_2tuple(img_size)
-        self.batch_size, self.num_workers, self.val_fraction = batch_size, num_workers, val_fraction
-        self.scale, self.ignore_index, self.seed = tuple(scale), ignore_index, seed
+            raise ValueError(f"data.val_fraction={val_fraction} must lie in (0, 1)")
+        if int(repeats) < 1:
+            raise ValueError(f"data.repeats={repeats} must be an integer >= 1 (passes over the images per epoch)")
+        if len(rescale) != 2 or not 0 < rescale[0] <= rescale[1]:
+            raise ValueError(f"data.rescale={list(rescale)} must be [low, high] with 0 < low <= high")
+        self.root, self.num_classes, self.img_size = Path(root).expanduser(), num_classes, to_2tuple(img_size)
+        self.labels = LabelMap(num_classes, ignore_index, mask_values, binary_threshold)
+        self.batch_size, self.num_workers = batch_size, resolve_num_workers(num_workers)
+        self.val_fraction, self.rescale, self.ignore_index = val_fraction, tuple(rescale), ignore_index
+        self.find = dict(images=images, masks=masks, mask_suffix=mask_suffix, unpaired=unpaired)
+        self.in_chans, self.repeats, self.seed = in_chans, int(repeats), seed
+        self.class_pixels: Dict[str, np.ndarray] = {}
         self.train_dataset: Optional[Dataset] = None
         self.val_dataset: Optional[Dataset] = None
 
-    def transforms(self, train: bool) -> A.Compose:
-        size = tuple(int(s) for s in self.img_size)
-        if train:
-            return A.Compose([A.RandomResizedCrop(size=size, scale=self.scale), A.HorizontalFlip(p=0.5)])
-        return A.Compose([A.Resize(*size)])
+    def train_transform(self) -> A.Compose:
+        h, w = (int(s) for s in self.img_size)
+        low, high = self.rescale
+        return A.Compose([
+            A.RandomScale(scale_limit=(low - 1, high - 1), p=1.0),
+            A.PadIfNeeded(h, w, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=self.ignore_index),
+            A.RandomCrop(h, w),
+            A.HorizontalFlip(p=0.5),
+        ])
 
-    def _folder(self, root: Path, train: bool) -> SegmentationFolder:
-        return SegmentationFolder(root, self.num_classes, self.transforms(train), self.ignore_index)
+    def _splits(self) -> Tuple[List[Sample], List[Sample]]:
+        if (self.root / "train").is_dir() and (self.root / "val").is_dir():
+            return find_samples(self.root / "train", **self.find), find_samples(self.root / "val", **self.find)
+        samples = find_samples(self.root, **self.find)
+        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(self.seed)).tolist()
+        num_val = max(1, round(self.val_fraction * len(order)))
+        if num_val >= len(order):
+            raise ValueError(f"{self.root} has {len(order)} images, too few to hold out data.val_fraction="
+                             f"{self.val_fraction}; add images or provide train/ and val/ folders")
+        return [samples[i] for i in order[num_val:]], [samples[i] for i in order[:num_val]]
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_dataset is not None:
             return
-        if (self.root / "train").is_dir() and (self.root / "val").is_dir():
-            self.train_dataset = self._folder(self.root / "train", True)
-            self.val_dataset = self._folder(self.root / "val", False)
-            return
-        train, val = self._folder(self.root, True), self._folder(self.root, False)
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.seed)).tolist()
-        num_val = max(1, round(self.val_fraction * len(order)))
-        if num_val >= len(order):
-            raise ValueError(f"{self.root} has {len(order)} images, too few to hold out val_fraction="
-                             f"{self.val_fraction}; add images or provide train/ and val/ folders")
-        self.train_dataset, self.val_dataset = Subset(train, order[num_val:]), Subset(val, order[:num_val])
+        train_samples, val_samples = self._splits()
+        train = SegmentationFolder(train_samples, self.labels, self.in_chans, self.train_transform())
+        val = SegmentationFolder(val_samples, self.labels, self.in_chans)
+        for split, folder in (("train", train), ("val", val)):
+            masks = (folder.mask(i) for i in range(len(folder)))
+            self.class_pixels[split] = class_histogram(masks, self.num_classes, self.ignore_index)
+        check_histogram(self.class_pixels["train"], self.class_pixels["val"], self.labels)
+        log.info("%d training / %d validation images; training mask pixels: %s", len(train), len(val),
+                 format_histogram(self.class_pixels["train"]))
+        self._report_grayscale(train_samples + val_samples)
+        self.train_dataset = Subset(train, list(range(len(train))) * self.repeats)
+        self.val_dataset = val
 
-    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(dataset, self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          drop_last=shuffle and len(dataset) > self.batch_size,
-                          persistent_workers=self.num_workers > 0)
+    def _report_grayscale(self, samples: Sequence[Sample]) -> None:
+        gray = sum(image_mode(s) in GRAY_MODES for s in samples)
+        if gray and self.in_chans == 3:
+            log.info("%d of %d images are grayscale: replicated to 3 channels and normalised with the backbone's "
+                     "RGB mean/std (data.in_chans=1 sums the patch embedding's channels instead)", gray, len(samples))
+
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
+        return DataLoader(dataset, self.batch_size if train else 1, shuffle=train, num_workers=self.num_workers,
+                          drop_last=train and len(dataset) > self.batch_size, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, True)

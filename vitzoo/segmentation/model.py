@@ -21,10 +21,11 @@ _LOCAL = "local-dir:"
 
 def create_backbone(backbone: str, attention: Optional[AttentionSpec] = None,
                     out_indices: Optional[Sequence[int]] = None,
-                    model_kwargs: Optional[Mapping[str, Any]] = None) -> nn.Module:
+                    model_kwargs: Optional[Mapping[str, Any]] = None, in_chans: int = 3) -> nn.Module:
     """A ``features_only`` backbone: an export dir (path or ``local-dir:<path>``, its weights loaded,
-    its attention fixed) or a name from ``vitzoo.list_models()`` (random init, ``attention`` applies)."""
-    kwargs = dict(model_kwargs or {}, features_only=True)
+    its attention fixed) or a name from ``vitzoo.list_models()`` (random init, ``attention`` applies).
+    ``in_chans=1`` on a 3-channel export sums its first conv over the channels (timm's ``adapt_input_conv``)."""
+    kwargs = dict(model_kwargs or {}, features_only=True, in_chans=in_chans)
     if out_indices is not None:
         kwargs["out_indices"] = tuple(out_indices)
     path = backbone[len(_LOCAL):] if backbone.startswith(_LOCAL) else backbone
@@ -39,10 +40,24 @@ def create_backbone(backbone: str, attention: Optional[AttentionSpec] = None,
                      f"directory written by `python -m vitzoo.export` or one of {vitzoo.list_models()}")
 
 
+def _first_conv(backbone: nn.Module) -> nn.Conv2d:
+    return next(m for m in backbone.modules() if isinstance(m, nn.Conv2d))
+
+
+def _per_channel(stats: Sequence[float], in_chans: int) -> torch.Tensor:
+    """The backbone's mean or std for ``in_chans`` inputs: as is, averaged to one channel (grayscale input
+    to an RGB backbone, whose first conv timm sums over channels), or one value repeated."""
+    values = torch.tensor(stats, dtype=torch.float32)
+    if len(values) != in_chans:
+        values = values.mean().expand(in_chans)
+    return values.reshape(1, -1, 1, 1).clone()
+
+
 class SegmentationNet(nn.Module):
     """images in [0, 1] (B, C, H, W) -> class logits (B, num_classes, H, W).
 
-    Normalises with the backbone's ``pretrained_cfg`` mean/std, so data pipelines stay in [0, 1].
+    Normalises with the backbone's ``pretrained_cfg`` mean/std (averaged for a 1-channel input to an RGB
+    backbone), so data pipelines stay in [0, 1].
     H and W must be multiples of the backbone's largest feature stride (the patch size for a ViT).
     """
 
@@ -52,8 +67,9 @@ class SegmentationNet(nn.Module):
         self.stride = max(backbone.feature_info.reduction())
         self.decoder = MLPDecoder(backbone.feature_info.channels(), num_classes, channels, dropout)
         cfg = backbone.pretrained_cfg
-        self.register_buffer("mean", torch.tensor(cfg["mean"]).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(cfg["std"]).view(1, -1, 1, 1), persistent=False)
+        self.in_chans = _first_conv(backbone).in_channels
+        self.register_buffer("mean", _per_channel(cfg["mean"], self.in_chans), persistent=False)
+        self.register_buffer("std", _per_channel(cfg["std"], self.in_chans), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         H, W = images.shape[-2:]

@@ -1,53 +1,58 @@
 """LightningModule: fine-tune a backbone (usually an export) with ``MLPDecoder`` for semantic segmentation."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import lightning as L
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from timm.optim import param_groups_weight_decay
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
+from torchmetrics.classification import MulticlassConfusionMatrix
 
 from vitzoo.attention import AttentionSpec
 from vitzoo.training.optim import build_scheduler
 
+from .inference import sliding_window_probs
 from .model import SegmentationNet, create_backbone
+from .scores import segmentation_scores
 
 __all__ = ["SegmentationModule"]
 
 
-def _metrics(num_classes: int, ignore_index: int) -> MetricCollection:
-    return MetricCollection({
-        "miou": MulticlassJaccardIndex(num_classes, average="macro", ignore_index=ignore_index),
-        "pixel_acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index),
-    })
-
-
 class SegmentationModule(L.LightningModule):
-    """Per-pixel cross-entropy on ``(images in [0, 1], masks)`` batches; logs mIoU and pixel accuracy.
+    """Per-pixel cross-entropy on ``(images in [0, 1], masks)`` batches.
 
     ``backbone``: an export directory (``python -m vitzoo.export ... --no-head``) or an
     architecture name (then ``attention`` / ``model_kwargs`` apply). ``out_indices`` picks the
     feature levels (default: the backbone's own, e.g. 4 blocks spread over a ViT's depth). The
     backbone learns at ``lr * backbone_lr_ratio``; AdamW with warmup + cosine, stepped per batch.
+
+    Validation and test take one image at its native size (``sliding_window_probs`` with ``window``, the
+    training crop, ``overlap`` and ``flip``) and log ``segmentation_scores``: mIoU, IoU per class, pixel
+    accuracy next to the all-background baseline, foreground IoU / Dice for 2 classes.
     """
 
     def __init__(self, backbone: str, num_classes: int, attention: Optional[AttentionSpec] = None,
                  model_kwargs: Optional[Mapping[str, Any]] = None, out_indices: Optional[Sequence[int]] = None,
                  decoder_channels: int = 128, dropout: float = 0.1, lr: float = 1e-3, backbone_lr_ratio: float = 0.1,
                  weight_decay: float = 0.01, warmup_epochs: float = 1.0, min_lr_ratio: float = 0.01,
-                 ignore_index: int = 255):
+                 ignore_index: int = 255, in_chans: int = 3, window: Optional[Union[int, Sequence[int]]] = None,
+                 overlap: float = 0.25, flip: bool = False):
         super().__init__()
         self.save_hyperparameters()
-        encoder = create_backbone(backbone, attention, out_indices, model_kwargs)
+        encoder = create_backbone(backbone, attention, out_indices, model_kwargs, in_chans)
         self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout)
-        self.val_metrics = _metrics(num_classes, ignore_index).clone(prefix="val/")
-        self.test_metrics = _metrics(num_classes, ignore_index).clone(prefix="test/")
+        self.confusion = nn.ModuleDict({stage: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
+                                        for stage in ("val", "test")})
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
+
+    def predict_probs(self, image: torch.Tensor) -> torch.Tensor:
+        """(C, H, W) image of any size -> (num_classes, H, W) probabilities (``window``, ``overlap``, ``flip``)."""
+        hp = self.hparams
+        return sliding_window_probs(self.net, image, hp.window, hp.overlap, hp.flip)
 
     def _loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, masks, ignore_index=self.hparams.ignore_index)
@@ -58,18 +63,30 @@ class SegmentationModule(L.LightningModule):
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(images))
         return loss
 
-    def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
+    def _eval_step(self, batch, stage: str) -> None:
         images, masks = batch
-        logits = self(images)
-        self.log(f"{stage}/loss", self._loss(logits, masks), on_epoch=True, batch_size=len(images), sync_dist=True)
-        metrics.update(logits, masks)
-        self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
+        probs = torch.stack([self.predict_probs(image) for image in images])
+        loss = F.nll_loss(probs.clamp_min(1e-8).log(), masks, ignore_index=self.hparams.ignore_index)
+        self.log(f"{stage}/loss", loss, on_epoch=True, batch_size=len(images), sync_dist=True)
+        self.confusion[stage].update(probs.argmax(1), masks)
+
+    def _log_scores(self, stage: str) -> None:
+        scores = segmentation_scores(self.confusion[stage].compute())
+        self.confusion[stage].reset()
+        self.log(f"{stage}/miou", scores.pop("miou"), prog_bar=stage == "val")
+        self.log_dict({f"{stage}/{name}": value for name, value in scores.items()})
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, self.val_metrics, "val")
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores("val")
 
     def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, self.test_metrics, "test")
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_scores("test")
 
     def configure_optimizers(self):
         hp = self.hparams
