@@ -1,4 +1,4 @@
-"""Float64 references written straight from ATTENTION.md, independent of vitzoo's code.
+"""Float64 references written straight from docs/mechanisms.md, independent of vitzoo's code.
 
 Tensors are (B, H, N, D) like ``vitzoo.attention.functional``. Every function returns
 ``(out, A)``: the output and the (implied) attention matrix whose rows mix the values.

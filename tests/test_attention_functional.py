@@ -1,4 +1,4 @@
-"""vitzoo.attention.functional against float64 references written from ATTENTION.md."""
+"""vitzoo.attention.functional against float64 references written from docs/mechanisms.md."""
 import math
 
 import pytest
@@ -182,7 +182,7 @@ def test_efficient_is_not_the_exp_key_shortcut():
     """softmax_D(q) softmax_N(k)^T v differs from phi(q)=softmax_D(q), phi(k)=exp(k), normalised.
 
     They agree only when every key channel has the same sum of exp over tokens; give the two
-    channels very different sums and the code must follow the formula (ATTENTION.md section 3).
+    channels very different sums and the code must follow the formula (docs/mechanisms.md section 3).
     """
     g = torch.Generator().manual_seed(11)
     q = torch.randn(1, 1, 4, 2, generator=g) * 0.1

@@ -139,7 +139,7 @@ def test_log_n_scale_equals_sqrt_d_at_training_tokens_and_follows_formula_elsewh
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_log_n_scale_counts_the_keys_each_query_attends(fused):
-    """ATTENTION.md section 1: n is the number of keys a query actually attends (a mask, causal rows)."""
+    """docs/mechanisms.md section 1: n is the number of keys a query actually attends (a mask, causal rows)."""
     d, n_train, n = 8, 16, 49
     attn = build({"name": "softmax", "scale": "log_n", "train_tokens": n_train, "fused": fused})
     x = tokens(N=n, seed=3)

@@ -1,4 +1,4 @@
-"""Seed 000's numeric claims (ATTENTION.md section 6), checked through vitzoo's attention functions.
+"""The numeric claims of docs/mechanisms.md section 6 (docs/mechanisms.md section 6), checked through vitzoo's attention functions.
 
 Entropy with cosine logits at temperature 1: the seed says the row entropy never falls below
 about log n - 0.3278, the value of the half +1 / half -1 case. That case is computed exactly

@@ -1,4 +1,4 @@
-"""Look inside attention without editing the model: attention maps and their entropy (seed 000).
+"""Look inside attention without editing the model: attention maps and their entropy (docs/mechanisms.md section 6).
 
 Every zoo mechanism can state its (implied) attention matrix; for kernel forms it is built for a
 subsample of queries only, so this stays cheap at high resolution.

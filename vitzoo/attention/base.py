@@ -20,7 +20,7 @@ HEAD_MODES = ("split", "projected")
 class HeadProjection(nn.Module):
     """Tokens (B, N, C) -> ``num_outputs`` tensors (B, H, N, D), one per projection (q, k, v...).
 
-    ``split`` (timm's way, seed 002): one linear map to ``H*D`` channels, cut into ``H`` heads.
+    ``split`` (timm's way, docs/mechanisms.md section 2): one linear map to ``H*D`` channels, cut into ``H`` heads.
     ``projected``: one ``C -> C`` map per output (``q_i = x_i W_q``), then each head applies its
     own ``C -> D`` matrix to the full ``q_i`` (``q^{i,m} = q_i W^{q,m}``), so ``D`` is free. The
     per-head matrices start variance-preserving (std 1/sqrt(C)), so at init both layouts give

@@ -4,7 +4,7 @@
 matrix (B, H, Nq, Nk) of the same mechanism, used by the eager paths, diagnostics and tests.
 Sums over tokens accumulate in fp32 whatever the input dtype.
 
-Logit noise (seed 000) is Gaussian noise of std ``logit_noise`` on the logits; mechanisms
+Logit noise (docs/mechanisms.md section 6) is Gaussian noise of std ``logit_noise`` on the logits; mechanisms
 without logits take the per-key factor exp(eps_j) on their key features instead, which keeps
 them O(n). ``logit_noise=0`` never draws a random number: the result is bit-identical to the
 noiseless call.
@@ -44,7 +44,7 @@ def acc(t: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: int) -> Scale:
-    """Entropy-invariant scale kappa*log(n)/d with kappa = sqrt(d)/log(n_train) (seed 004).
+    """Entropy-invariant scale kappa*log(n)/d with kappa = sqrt(d)/log(n_train) (docs/mechanisms.md section 1).
 
     Equals 1/sqrt(d) at ``num_keys == train_keys`` and grows like log(n) beyond it. ``num_keys`` may
     be a tensor of per-query counts (the keys each query attends under a mask): a tensor of scales.
@@ -103,7 +103,7 @@ def softmax_probs(q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_ma
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Scale = None,
                       logit_noise: float = 0.0, attn_mask: Optional[torch.Tensor] = None,
                       fused: bool = True, return_attn: bool = False, dropout_p: float = 0.0):
-    """Scaled dot-product attention softmax(q k^T * scale) v (seed 002).
+    """Scaled dot-product attention softmax(q k^T * scale) v (docs/mechanisms.md section 1).
 
     ``fused`` goes through ``F.scaled_dot_product_attention`` (noise rides in as an additive
     mask); the eager twin computes the same function and, with ``return_attn``, also returns
@@ -189,7 +189,7 @@ def graph_capture() -> bool:
 
 def taylor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
                      impl: str = "auto", causal: bool = False, logit_noise: float = 0.0) -> torch.Tensor:
-    """sim(q, k) = 1 + cos(q, k) (seed 001): linear attention with phi(x) = [1, x/|x|]."""
+    """sim(q, k) = 1 + cos(q, k) (docs/mechanisms.md section 3): linear attention with phi(x) = [1, x/|x|]."""
     return linear_attention(q, k, v, "taylor", eps, impl, causal, logit_noise)
 
 

@@ -1,4 +1,4 @@
-"""Softmax (scaled dot-product) attention, with the entropy-invariant log-n scale (seeds 002, 004)."""
+"""Softmax (scaled dot-product) attention, with the entropy-invariant log-n scale (docs/mechanisms.md sections 1-2)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -53,8 +53,7 @@ class SoftmaxAttention(ZooAttention):
         return logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
 
     def scaled_queries(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]):
-        """(q, scale) for the logits. The log-n scale counts the keys each query attends (ATTENTION.md
-        section 1): under a mask that differs by query, so it is folded into q's rows (scale 1)."""
+        """(q, scale) for the logits. The log-n scale counts the keys each query attends (docs/mechanisms.md section 1): under a mask that differs by query, so it is folded into q's rows (scale 1)."""
         counts = AF.attended_keys(attn_mask) if self.uses_log_n else None
         if counts is None:
             return q, self.logit_scale(k.shape[-2])

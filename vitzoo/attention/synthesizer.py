@@ -1,4 +1,4 @@
-"""Synthesizer attention (Tay et al., seed 003): out = softmax(B + noise) V, B made without q.k.
+"""Synthesizer attention (Tay et al., docs/mechanisms.md section 4): out = softmax(B + noise) V, B made without q.k.
 
 Each kind of logit generator is one small module returning (B|1, H, Nq, Nk) logits for a token
 ``Layout`` (prefix tokens, then an h x w patch grid); the registered mechanisms compose them:
@@ -402,7 +402,7 @@ class SynthMixAttention(SynthesizerAttention):
         self.synth = MixLogits({p: build[p]() for p in parts}, device=dd["device"])
 
     def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
-        """A log-n ``softmax`` part counts the keys each query attends (ATTENTION.md section 1): under a
+        """A log-n ``softmax`` part counts the keys each query attends (docs/mechanisms.md section 1): under a
         mask or causal rows, q's rows carry log(attended) / log(all keys) (the part scales at all keys)."""
         dot = self.synth.parts["softmax"] if "softmax" in self.synth.parts else None
         if dot is not None and dot.uses_log_n and (attn_mask is not None or is_causal):
