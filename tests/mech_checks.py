@@ -18,11 +18,11 @@ def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
                            grid_size=(side, side), **kwargs)
 
 
-def gradcheck_module(m, x) -> bool:
+def gradcheck_module(m, x, fast_mode: bool = False) -> bool:
     """torch.autograd.gradcheck of ``m`` (float64) in its input and every parameter."""
     names = [n for n, _ in m.named_parameters()]
     return torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
-                                    (x.requires_grad_(), *m.parameters()))
+                                    (x.requires_grad_(), *m.parameters()), fast_mode=fast_mode)
 
 
 def backbones(spec):

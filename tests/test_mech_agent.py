@@ -10,6 +10,7 @@ from vitzoo.attention.agent import AgentAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from mech_checks import gradcheck_module
 
 DIM, HEADS, PREFIX, GRID = 8, 2, 1, (4, 6)  # a non-square grid catches h/w mix-ups
 N = PREFIX + GRID[0] * GRID[1]
@@ -104,9 +105,7 @@ def test_a_grid_smaller_than_the_agent_grid_makes_every_patch_query_an_agent():
 def test_gradcheck():
     m = build({"num_agents": 4, "kernel_size": 3, "heads": "projected", "head_dim": 3}, grid=(2, 3))
     x = torch.randn(1, PREFIX + 6, DIM, dtype=torch.float64, requires_grad=True)
-    names = [n for n, _ in m.named_parameters()]
-    assert torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
-                                    (x, *m.parameters()))
+    assert gradcheck_module(m, x)
 
 
 @pytest.mark.parametrize("option, fix", [

@@ -8,6 +8,7 @@ import vitzoo
 from vitzoo.attention import build_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from mech_checks import gradcheck_module
 
 DIM, HEADS, PREFIX, GRID, K = 16, 2, 1, (3, 4), 5  # a non-square grid catches h/w mix-ups
 N = PREFIX + GRID[0] * GRID[1]
@@ -68,11 +69,7 @@ def test_logit_noise_on_the_n_by_k_logits_in_training_only():
 def test_gradcheck():
     m = build(grid=(2, 2))
     x = torch.randn(1, 5, DIM, dtype=torch.float64, requires_grad=True)
-    names = [n for n, _ in m.named_parameters()]
-
-    def fn(x, *values):
-        return torch.func.functional_call(m, dict(zip(names, values)), (x,))
-    assert torch.autograd.gradcheck(fn, (x, *m.parameters()), fast_mode=True)
+    assert gradcheck_module(m, x, fast_mode=True)
 
 
 # -- another resolution ----------------------------------------------------------------------------

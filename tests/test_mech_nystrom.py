@@ -11,6 +11,7 @@ from vitzoo.attention import build_attention
 from vitzoo.attention.nystrom import iterative_pinv, nystrom_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from mech_checks import gradcheck_module
 
 DIM, HEADS, N = 16, 2, 13  # 13 tokens: 4 landmarks make segments of 4, 3, 3, 3
 HD = DIM // HEADS
@@ -141,11 +142,7 @@ def test_logit_noise_on_all_three_softmaxes_in_training_only():
 def test_gradcheck():
     m = build(num_landmarks=3, conv_kernel=3)
     x = torch.randn(1, 7, DIM, dtype=torch.float64, requires_grad=True)
-    names = [n for n, _ in m.named_parameters()]
-
-    def fn(x, *values):
-        return torch.func.functional_call(m, dict(zip(names, values)), (x,))
-    assert torch.autograd.gradcheck(fn, (x, *m.parameters()), fast_mode=True)
+    assert gradcheck_module(m, x, fast_mode=True)
 
 
 # -- backbones and errors ------------------------------------------------------------------------------

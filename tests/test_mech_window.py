@@ -10,6 +10,7 @@ from vitzoo.attention.window import WindowAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from mech_checks import gradcheck_module
 
 DIM, HEADS, GRID = 8, 2, (5, 7)  # non-square, divisible by neither window side
 
@@ -96,9 +97,7 @@ def test_log_n_scale_counts_the_keys_each_query_attends():
 def test_gradcheck():
     m = build({"window_size": 2, "heads": "projected", "head_dim": 3}, grid=(3, 3), shifted=True)
     x = tokens(grid=(3, 3), batch=1).requires_grad_()
-    names = [n for n, _ in m.named_parameters()]
-    assert torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
-                                    (x, *m.parameters()))
+    assert gradcheck_module(m, x)
 
 
 @pytest.mark.parametrize("option, fix", [
