@@ -20,19 +20,20 @@ ATOL = 1e-4
 BACKBONES = ("vit", "resnet")
 
 
-def build(backbone: str, attention) -> torch.nn.Module:
+def build(backbone: str, attention, depth: int = 1) -> torch.nn.Module:
+    """``depth``: the ViT's blocks (2 gives window attention a shifted block)."""
     torch.manual_seed(0)
     if backbone == "vit":
         model = vitzoo.create_model("vit_tiny", attention=attention, img_size=32, patch_size=8, num_classes=5,
-                                    embed_dim=32, depth=1, num_heads=2)
+                                    embed_dim=32, depth=depth, num_heads=2)
     else:
         model = vitzoo.create_model("nonlocal_resnet18_cifar", attention=attention, channels=(8, 16, 32, 64),
                                     stem_width=8, num_classes=5, img_size=32)
     return model.eval()
 
 
-def inputs(batch: int = 2):
-    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+def inputs(batch: int = 2, size=(32, 32)):
+    return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(1))
 
 
 def onnx_logits(model, x, dynamo: bool, run_on=None) -> torch.Tensor:
@@ -120,3 +121,30 @@ def test_export_onnx_writes_model_onnx_next_to_the_hub_export(tmp_path):
     got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"images": x.numpy()})[0])
     with torch.no_grad():
         assert_logits(got, model(x))
+
+
+FX_NODES = {"vit": ("blocks.1", "head"), "resnet": ("layer3", "fc")}  # (a feature after attention, the logits)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("attention", vitzoo.list_attentions())
+def test_fx_feature_extractor_matches_eager(attention, backbone):
+    """torch.fx through timm's create_feature_extractor (torchvision's, with timm's leaf functions): the graph's
+    intermediate feature and logits are eager's, at the traced size and at a larger, non-square one (whose patch
+    grid the graph must take from the input: it cannot be guessed from the token count)."""
+    from timm.models._features_fx import create_feature_extractor
+
+    model = build(backbone, attention, depth=2)
+    feature, logits = FX_NODES[backbone]
+    extractor = create_feature_extractor(model, {feature: "feature", logits: "logits"})
+    grids = [m.token_grid for m in model.modules() if isinstance(m, vitzoo.attention.ZooAttention)]
+    assert grids and all(grid is None for grid in grids), f"tracing stored token grids on the model: {grids}"
+    for size in ((32, 32), (64, 96)):
+        x, expected = inputs(2, size), {}
+        with torch.no_grad():
+            got = extractor(x)  # before eager, so no grid of this size is left on the layers
+            hook = model.get_submodule(feature).register_forward_hook(lambda m, i, out: expected.update(feature=out))
+            expected["logits"] = model(x)
+            hook.remove()
+        for name in ("feature", "logits"):
+            torch.testing.assert_close(got[name], expected[name], msg=f"{name} at {size}")

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES"]
+__all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "share_grid"]
 
 HEAD_MODES = ("split", "projected")
 
@@ -48,7 +48,7 @@ class HeadProjection(nn.Module):
         if self.head_weight is not None:
             out = torch.bmm(out.transpose(0, 1), self.head_weight).transpose(0, 1)
         out = out.reshape(B, N, self.num_outputs, self.num_heads, self.head_dim)
-        return tuple(out.permute(2, 0, 3, 1, 4).unbind(0))
+        return out.permute(2, 0, 3, 1, 4).unbind(0)
 
 
 class ZooAttention(nn.Module):
@@ -156,7 +156,8 @@ class ZooAttention(nn.Module):
 
     def project(self, x: torch.Tensor):
         """q, k, v as (B, H, N, D) (None for projections the mechanism does not use)."""
-        out = dict(zip(self.projections, self.in_proj(x)))
+        outs = self.in_proj(x)
+        out = {name: outs[i] for i, name in enumerate(self.projections)}
         q, k = out.get("q"), out.get("k")
         if q is not None:
             q = self.q_norm(q)
@@ -168,10 +169,7 @@ class ZooAttention(nn.Module):
                 is_causal: bool = False) -> torch.Tensor:
         B, N, _ = x.shape
         q, k, v = self.project(x)
-        out = self.mix(x, q, k, v, attn_mask, is_causal, self.active_logit_noise)
-        if self.attention_probe is not None:
-            self.attention_probe(self, lambda index: self.probs(x, q, k, attn_mask, is_causal, index), N)
-        out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
+        out = attend(self, x, q, k, v, attn_mask, is_causal).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj_drop(self.proj(self.norm(out)))
 
     def __prepare_scriptable__(self):
@@ -180,3 +178,25 @@ class ZooAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"
+
+
+# Under torch.fx (torchvision's feature extractor, timm's FX features) the two functions below are leaves: the
+# graph calls them on real tensors at run time, so each input's patch grid reaches the grid- and shape-dependent
+# mixing, and tracing never stores a Proxy on the model.
+@torch.fx.wrap
+def attend(layer: ZooAttention, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
+           attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any."""
+    out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
+    if layer.attention_probe is not None:
+        layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])
+    return out
+
+
+@torch.fx.wrap
+def share_grid(x: torch.Tensor, layers: Sequence[nn.Module], grid: Tuple[int, int]) -> torch.Tensor:
+    """Set ``token_grid = grid`` on ``layers`` and return ``x``: a backbone passes each input's grid through this (a
+    node on x's path under torch.fx, wrapped again where it is called: ``torch.fx.wrap`` patches by module)."""
+    for layer in layers:
+        layer.token_grid = tuple(grid)
+    return x

@@ -4,15 +4,19 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 import torch
+import torch.fx
 import torch.nn as nn
 from timm.layers import to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from vitzoo.attention import AttentionSpec, resolve_attention
+from vitzoo.attention.base import share_grid
 from .local_dir import verify_local_dir
 
 __all__ = ["NonLocalBlock", "NonLocalResNet"]
+
+torch.fx.wrap(share_grid)  # a leaf when torch.fx traces this module's code too
 
 
 class NonLocalBlock(nn.Module):
@@ -36,8 +40,7 @@ class NonLocalBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        self.attn.token_grid = (H, W)
-        y = self.attn(x.flatten(2).transpose(1, 2))
+        y = self.attn(share_grid(x, [self.attn], (H, W)).flatten(2).transpose(1, 2))
         return x + self.norm(y.transpose(1, 2).reshape(B, C, H, W))
 
 

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 from typing import Tuple
 
+import torch.fx
 from timm.layers import to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
+from vitzoo.attention.base import share_grid
 from .local_dir import verify_local_dir
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
+
+torch.fx.wrap(share_grid)  # a leaf when torch.fx traces this module's code too
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -30,10 +34,8 @@ class ZooVisionTransformer(VisionTransformer):
                 block.attn.block_index = index
 
     def _pos_embed(self, x):
-        grid = tuple(x.shape[1:3]) if self.dynamic_img_size else tuple(self.patch_embed.grid_size)
-        for block in self.blocks:
-            if isinstance(block.attn, ZooAttention):
-                block.attn.token_grid = grid
+        grid = x.shape[1:3] if self.dynamic_img_size else self.patch_embed.grid_size
+        x = share_grid(x, [block.attn for block in self.blocks if isinstance(block.attn, ZooAttention)], grid)
         return super()._pos_embed(x)
 
 
