@@ -96,7 +96,10 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Gr
         vw = torch.cat([vw, v[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
         keep = torch.cat([keep, keep.new_ones(nw, P)], dim=-1)
     scale = _query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
-    out = layout.merge(AF.softmax_attention(qw * scale, kw, vw, 1.0, logit_noise, keep[:, None], dropout_p=dropout_p))
+    heads, windows = qw.shape[1:3]  # (B, H, windows, ...) as 4-D (B, H * windows, ...): what the ONNX SDPA takes
+    mixed = AF.softmax_attention((qw * scale).flatten(1, 2), kw.flatten(1, 2), vw.flatten(1, 2), 1.0, logit_noise,
+                                 keep[:, None].repeat(heads, 1, 1), dropout_p=dropout_p)
+    out = layout.merge(mixed.unflatten(1, (heads, windows)))
     if not P:
         return out
     prefix = AF.softmax_attention(q[:, :, :P], k, v, _query_scale(q, k.shape[-2], train_keys), logit_noise,
