@@ -10,7 +10,6 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import functional as AF
 from .base import ZooAttention
@@ -28,11 +27,21 @@ def agent_grid(grid: Grid, num_agents: int) -> Grid:
     return min(side, grid[0]), min(side, grid[1])
 
 
+def _pool_matrix(size, out, like: torch.Tensor) -> torch.Tensor:
+    """(out, size) rows averaging the bins of adaptive average pooling: [floor(i s / o), ceil((i + 1) s / o))."""
+    i, j = torch.arange(out, device=like.device), torch.arange(size, device=like.device)
+    start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
+    bins = ((j >= start[:, None]) & (j < end[:, None])).to(like.dtype)
+    return bins / bins.sum(-1, keepdim=True)
+
+
 def pool_agents(q: torch.Tensor, grid: Grid, num_prefix: int, agents: Grid) -> torch.Tensor:
-    """Agent tokens A (B, H, n_a, D): the patch queries adaptively average-pooled to ``agents``."""
+    """Agent tokens A (B, H, n_a, D): the patch queries adaptively average-pooled to ``agents``, written as
+    two averaging matrices (P_h X P_w^T) so that exporters carry it at any grid (no adaptive-pool op)."""
     B, H, _, D = q.shape
-    patches = q[:, :, num_prefix:].transpose(-2, -1).reshape(B * H, D, *grid)
-    return F.adaptive_avg_pool2d(patches, agents).reshape(B, H, D, -1).transpose(-2, -1)
+    patches = q[:, :, num_prefix:].transpose(-2, -1).reshape(B, H, D, *grid)
+    pooled = _pool_matrix(grid[0], agents[0], q) @ patches @ _pool_matrix(grid[1], agents[1], q).transpose(0, 1)
+    return pooled.reshape(B, H, D, -1).transpose(-2, -1)
 
 
 def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, num_prefix: int = 0,
