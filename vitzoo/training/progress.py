@@ -47,8 +47,11 @@ def _epoch_metrics(metrics: Dict[str, torch.Tensor]) -> str:
 
 class EpochLog(L.Callback):
     """After every training epoch (validation included) log ``epoch E/last step S | metrics | img/s |
-    elapsed, ETA`` (img/s: training images over the epoch's wall time, validation included). ``when``: ``auto`` (stdout is not a terminal: the progress bar is off there),
-    ``always`` or ``never``."""
+    elapsed, ETA`` (img/s: training images over the epoch's wall time, validation included).
+
+    ``when``: ``auto`` (when stdout is not a terminal; train.py turns the progress bar off there),
+    ``always`` or ``never``.
+    """
 
     def __init__(self, when: str = "auto"):
         if when not in WHEN:
