@@ -11,7 +11,9 @@ def main(cfg: DictConfig) -> None:
     from vitzoo.robustness.run import evaluate_checkpoints  # torch, timm, Lightning: after the command line is parsed
     from vitzoo.training import user_errors
     from vitzoo.training.allocator import retain_freed_memory
+    from vitzoo.training.threads import size_thread_pools
 
+    size_thread_pools()
     if cfg.retain_freed_memory:
         retain_freed_memory()
     with user_errors():
