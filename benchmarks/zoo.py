@@ -39,23 +39,23 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("train", "profile", "eval", "report")
 
-# (label in the table, Hydra model preset). The order is the table's.
-PRESETS: Tuple[Tuple[str, str], ...] = (
-    ("softmax", "vit_softmax"),
-    ("softmax, log-n scale", "vit_logn"),
-    ("softmax, projected heads", "vit_projected"),
-    ("softmax + logit noise 0.5", "vit_noisy"),
-    ("efficient", "vit_efficient"),
-    ("linear (elu+1)", "vit_linear"),
-    ("linear (relu)", "vit_linear_relu"),
-    ("taylor (1+cos)", "vit_taylor"),
-    ("synth random", "vit_synth_random"),
-    ("synth random, fixed", "vit_synth_fixed"),
-    ("synth dense", "vit_synth_dense"),
-    ("synth mix (random+softmax)", "vit_synth_mix"),
-    ("non-local ResNet, softmax", "nonlocal_resnet_softmax"),
-    ("non-local ResNet, linear", "nonlocal_resnet_linear"),
-)
+
+
+def zoo_presets(model_dir: Path = ROOT / "configs" / "model") -> Tuple[Tuple[str, str], ...]:
+    """(label in the table, Hydra model preset) for every preset in configs/model/: the ViTs (softmax
+    first), then the non-local ResNets. A preset without its ``label:`` is an error naming the file."""
+    import yaml
+
+    rows = []
+    for path in sorted(model_dir.glob("*.yaml")):
+        label = (yaml.safe_load(path.read_text()) or {}).get("label")
+        if not isinstance(label, str) or not label:
+            raise SystemExit(f"{path}: add a `label:` line (the preset's row name in the zoo table)")
+        rows.append((label, path.stem))
+    return tuple(sorted(rows, key=lambda row: (row[1].startswith("nonlocal"), row[1] != "vit_softmax", row[1])))
+
+
+PRESETS = zoo_presets()
 
 
 @dataclass(frozen=True)
@@ -321,6 +321,9 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
             rows.setdefault(run.preset, []).append((run, _run_row(run, robustness)))
     if not rows:
         raise SystemExit("nothing to report yet; run the train phase first")
+    kept = _kept_rows(out / "results.csv", set(rows))
+    order = [preset for _, preset in PRESETS]
+    rows = dict(sorted({**rows, **kept}.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -334,9 +337,11 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
         cells = [preset_runs[0][0].label, f"`{preset}`", ",".join(str(r.seed) for r, _ in preset_runs)]
         cells += [_fmt(k, [row[k] for _, row in preset_runs]) for k in COLUMNS[3:]]
         lines.append("| " + " | ".join(cells) + " |")
-    for png in ("corruptions.png", "logit_noise.png", "resolution.png"):
-        if (eval_dir / png).is_file():
-            shutil.copy(eval_dir / png, out / png)
+    plots = ("corruptions", "logit_noise", "resolution")
+    suffix = "_" + "_".join(sorted(set(rows) - set(kept))) if kept else ""  # earlier rows' curves stay in their plots
+    for name in plots:
+        if (eval_dir / f"{name}.png").is_file():
+            shutil.copy(eval_dir / f"{name}.png", out / f"{name}{suffix}.png")
     _plot_summary(rows, out / "summary.png")
     exp = (ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").relative_to(ROOT)
     profiled = [json.loads((r.dir / "profile.json").read_text()) for r in runs if (r.dir / "profile.json").is_file()]
@@ -345,7 +350,9 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
     sweep = robustness.get("sweep", {})
     text = [
         f"# Zoo benchmark, `{budget_name}` budget", "",
-        f"Produced by `{command}` on {time.strftime('%Y-%m-%d')}; hardware: {_hardware()}.", "",
+        f"Produced by `{command}` on {time.strftime('%Y-%m-%d')}; hardware: {_hardware()}."
+        + (f" Rows kept from the earlier report in this folder (same budget and machine kind): "
+           f"{', '.join(f'`{p}`' for p in kept)}." if kept else ""), "",
         f"Recipe: `{exp}` (same data split, seed, augmentation, optimiser and epochs for every row); model size: "
         f"ViT `{budget.vit_kwargs}`, non-local ResNet-18 `{budget.resnet_kwargs or 'full width'}`.",
         f"Robustness columns: eval.py with `robustness={budget.robustness}` on the first "
@@ -358,12 +365,39 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
         "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
         "eval images at twice the training size.", "",
         *lines, "",
-        "![summary](summary.png)", "",
-        "![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)", "",
+        *_plot_lines(out),
     ]
     (out / "results.md").write_text("\n".join(text))
     print(f"[report] {out / 'results.md'}", flush=True)
     return out
+
+
+def _kept_rows(csv_path: Path, trained: set) -> Dict[str, List[Tuple[Run, dict]]]:
+    """Rows of an earlier report (``results.csv`` in ``--out``) for presets this work dir has no run of, so the
+    zoo can be completed across separate invocations (one machine, one budget)."""
+    import csv
+
+    if not csv_path.is_file():
+        return {}
+    kept: Dict[str, List[Tuple[Run, dict]]] = {}
+    with open(csv_path, newline="") as f:
+        for rec in csv.DictReader(f):
+            if rec["preset"] in trained:
+                continue
+            row = {k: (float(v) if v not in ("", "None") else None) for k, v in rec.items()
+                   if k not in ("mechanism", "preset", "seed")}
+            kept.setdefault(rec["preset"], []).append((Run(rec["mechanism"], rec["preset"], int(rec["seed"]), Path()), row))
+    return kept
+
+
+def _plot_lines(out: Path) -> List[str]:
+    """Markdown for the summary and every set of sweep plots in ``out``."""
+    lines = ["![summary](summary.png)", ""]
+    for png in sorted(out.glob("corruptions*.png")):
+        suffix = png.stem[len("corruptions"):]
+        lines += [f"![gaussian noise](corruptions{suffix}.png) ![logit noise](logit_noise{suffix}.png) "
+                  f"![resolution](resolution{suffix}.png)", ""]
+    return lines
 
 
 def _plot_summary(rows: Dict[str, List[Tuple[Run, dict]]], path: Path) -> None:

@@ -29,6 +29,21 @@ def test_presets_cover_the_issue_list():
     assert required <= set(PRESETS)
 
 
+# Registered variants that share a preset's class and are reached by overriding it (no row of their own).
+VARIANTS_WITHOUT_PRESET = {"synth_factorized_dense", "synth_factorized_random"}
+
+
+def test_every_mechanism_has_a_labelled_vit_preset_in_the_zoo():
+    """Adding a mechanism = its file + a preset: the zoo reads its rows from configs/model/."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from zoo import zoo_presets
+
+    rows = dict((preset, label) for label, preset in zoo_presets())
+    assert set(rows) == set(PRESETS)
+    used = {OmegaConf.load(CONFIGS / "model" / f"{p}.yaml").attention.name for p in PRESETS if p.startswith("vit_")}
+    assert set(vitzoo.list_attentions()) - VARIANTS_WITHOUT_PRESET <= used
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_trains_one_fast_epoch(preset, tmp_path):
     overrides = [*FAST_DATA, *QUIET, "trainer.max_epochs=1", f"model={preset}"]

@@ -244,9 +244,9 @@ def test_corrupted_weights_fail_the_checksum(exported, load):
 def test_unknown_mechanism_in_config_names_the_valid_ones(exported, load):
     cfg_file = exported / "config.json"
     cfg = json.loads(cfg_file.read_text())
-    cfg["model_args"]["attention"] = {"name": "performer"}
+    cfg["model_args"]["attention"] = {"name": "softmaxx"}
     cfg_file.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"unknown attention 'performer'; choose one of .*softmax"):
+    with pytest.raises(ValueError, match=r"unknown attention 'softmaxx'; choose one of .*softmax"):
         load(exported)
 
 

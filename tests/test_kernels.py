@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from vitzoo.attention import functional as AF
-from vitzoo.kernels import fused_linear_attention, linear_attention_torch, triton_available
+from vitzoo.kernels import fused_linear_attention, linear_attention_torch, naive_linear_attention, triton_available
 from vitzoo.kernels import cpu_kernel as CK
 
 EPS = 1e-6
 
 
 def phi_ref(x: torch.Tensor, feature_map: str) -> torch.Tensor:
-    """The feature maps of ATTENTION.md section 3, written out in float64."""
+    """The feature maps of docs/mechanisms.md, written out in float64 (identity: features given)."""
     x = x.double()
+    if feature_map == "identity":
+        return x
     if feature_map == "elu":
         return torch.where(x > 0, x + 1, torch.exp(x))
     if feature_map == "relu":
@@ -31,16 +33,22 @@ def phi_ref(x: torch.Tensor, feature_map: str) -> torch.Tensor:
     return torch.cat([torch.ones_like(x[..., :1]), unit], dim=-1)  # taylor: 1 + cos(q, k)
 
 
-def reference(q, k, v, feature_map="elu", eps=EPS):
-    """The formula through the n x n matrix sim_ij = phi(q_i).phi(k_j): sum_j sim_ij v_j / (sum_j sim_ij + eps)."""
+def reference(q, k, v, feature_map="elu", eps=EPS, causal=False):
+    """The formula through the n x n matrix sim_ij = phi(q_i).phi(k_j): sum_j sim_ij v_j / (sum_j sim_ij + eps),
+    over keys j <= i when causal."""
     sim = phi_ref(q, feature_map) @ phi_ref(k, feature_map).transpose(-2, -1)
+    if causal:
+        sim = sim.tril()
     return (sim @ v.double()) / (sim.sum(-1, keepdim=True) + eps)
 
 
-def make_qkv(b, h, n, d, dv=None, dtype=torch.float32, seed=0, requires_grad=True):
+def make_qkv(b, h, n, d, dv=None, dtype=torch.float32, seed=0, requires_grad=True, features=False):
+    """Gaussian q, k, v; ``features``: q, k positive (exp of a Gaussian), as precomputed features are."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(b, h, n, width, generator=g).to(dtype).requires_grad_(requires_grad)
-            for width in (d, d, dv or d)]
+    out = [torch.randn(b, h, n, width, generator=g) for width in (d, d, dv or d)]
+    if features:
+        out[0], out[1] = out[0].exp(), out[1].exp()
+    return [t.to(dtype).requires_grad_(requires_grad) for t in out]
 
 
 def grads(out, inputs, seed=1):
@@ -56,17 +64,18 @@ def assert_close_rel(actual, expected, rtol, atol=1e-6):
 
 
 # n = 1, 17, 130; head dims 16, 32, 64 (and an odd value dim); batch*heads 1 and 7
-SHAPES = [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (7, 1, 130, 64, 48), (1, 1, 130, 16, 16)]
+SHAPES = [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (7, 1, 130, 64, 48), (1, 1, 130, 16, 16), (2, 2, 70, 256, 64)]
 
 
-@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor"])
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor", "identity"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("impl,chunk,use_kernel", [("torch", None, None), ("torch", 8, None), ("torch", 8, False),
                                                    ("eager", None, None)])
 def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kernel):
-    """torch path: the compiled CPU kernel where it serves (elu, relu) and torch ops (use_kernel=False)."""
+    """torch path: the compiled CPU kernel where it serves (elu, relu, identity) and torch ops (use_kernel=False);
+    identity takes positive precomputed features (256 of them for 64 value channels in the last shape)."""
     b, h, n, d, dv = shape
-    q, k, v = make_qkv(b, h, n, d, dv)
+    q, k, v = make_qkv(b, h, n, d, dv, features=feature_map == "identity")
     if impl == "eager":
         out = AF.linear_attention(q, k, v, feature_map, EPS, impl="eager")
     else:
@@ -78,12 +87,41 @@ def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kern
         assert_close_rel(g, g_ref, 1e-4)
 
 
-@pytest.mark.parametrize("feature_map,use_kernel", [("elu", True), ("relu", True), ("elu", False),
-                                                    ("relu", False), ("taylor", None)])
+@pytest.mark.parametrize("feature_map,use_kernel", [("elu", True), ("relu", True), ("identity", True), ("elu", False),
+                                                    ("relu", False), ("identity", False), ("taylor", None)])
 def test_gradcheck_float64(feature_map, use_kernel):
-    q, k, v = make_qkv(1, 2, 7, 4, 3, dtype=torch.float64)
+    q, k, v = make_qkv(1, 2, 7, 4, 3, dtype=torch.float64, features=feature_map == "identity")
     fn = lambda q, k, v: linear_attention_torch(q, k, v, feature_map, EPS, chunk=3, use_kernel=use_kernel)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("feature_map", ["elu", "taylor", "identity"])
+def test_naive_reference_is_the_formula(feature_map, causal):
+    """kernels.naive: the one eager formula, causal or not, against the n x n float64 reference."""
+    q, k, v = make_qkv(2, 3, 19, 8, 5, features=feature_map == "identity")
+    out = naive_linear_attention(q, k, v, feature_map, EPS, causal=causal)
+    assert out.dtype == torch.float32
+    assert_close_rel(out, reference(q, k, v, feature_map, causal=causal), 1e-5)
+
+
+def test_kernels_import_nothing_else_of_vitzoo():
+    """vitzoo.kernels is a leaf: no module of it imports vitzoo.<anything but kernels> (attention imports kernels)."""
+    import ast
+    import pathlib
+
+    import vitzoo.kernels
+
+    for path in pathlib.Path(vitzoo.kernels.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level == 0 else ([] if node.level == 1 else ["vitzoo..."])
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            outside = [m for m in names if m.split(".")[0] == "vitzoo" and not m.startswith("vitzoo.kernels")]
+            assert not outside, f"{path.name} imports {outside}"
 
 
 def test_cpu_kernel_builds_here():
@@ -426,6 +464,8 @@ TRITON_CASES = [
     ("elu", 2, 2, 33, 65, 20, 48, "bnhd", "q"),
     ("relu", 2, 2, 65, 33, 48, 16, "bhnd", "k"),
     ("elu", 2, 2, 45, 45, 32, 32, "packed", "v"),
+    ("identity", 1, 2, 70, 70, 32, 32, "bhnd", "qkv"),  # precomputed features (positive)
+    ("identity", 2, 1, 40, 90, 256, 64, "bnhd", "qkv"),  # 256 features, 64 value channels
 ]
 
 _TRITON_SCRIPT = textwrap.dedent("""
@@ -447,6 +487,8 @@ _TRITON_SCRIPT = textwrap.dedent("""
     checked = []
     for fm, b, h, nq, nk, d, dv, layout, wanted in json.loads(sys.argv[1]):
         q, k, v = inputs(b, h, nq, nk, d, dv, layout)
+        if fm == "identity":  # features are positive: exp of a Gaussian (the layout is kept)
+            q, k = q.exp(), k.exp()
         chosen = [t.requires_grad_(True) for t, name in zip((q, k, v), "qkv") if name in wanted]
         out = fused_linear_attention(q, k, v, fm, impl="triton")
         ref = reference(q, k, v, fm)
@@ -480,7 +522,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.skipif(not triton_available(), reason="triton does not import here")
 def test_triton_kernels_under_the_interpreter():
-    """Forward and backward Triton kernels (elu, relu) in fp32 vs the float64 reference, on TRITON_CASES."""
+    """Forward and backward Triton kernels (elu, relu, identity) in fp32 vs the float64 reference, on TRITON_CASES."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
         [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, json.dumps(TRITON_CASES)], env=env,

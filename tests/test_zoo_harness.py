@@ -52,3 +52,16 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     again = _zoo(*args)  # every phase resumes: nothing is retrained or re-evaluated
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": done") == 3 and "[eval] done" in again.stdout
+
+    # A later invocation (another work dir) adds its preset; the earlier rows and plots stay in the report.
+    more = [a if a != work else tmp_path / "work2" for a in args]
+    more[more.index("vit_softmax,nonlocal_resnet_linear")] = "vit_efficient"
+    added = _zoo(*more)
+    assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
+    with open(out / "results.csv") as f:
+        presets = [r["preset"] for r in csv.DictReader(f)]
+    assert presets == ["vit_softmax", "vit_softmax", "vit_efficient", "nonlocal_resnet_linear"]
+    table = (out / "results.md").read_text()
+    assert "Rows kept from the earlier report" in table and "`nonlocal_resnet_linear`" in table
+    assert (out / "corruptions.png").is_file() and (out / "corruptions_vit_efficient.png").is_file()
+    assert "corruptions_vit_efficient.png" in table

@@ -56,7 +56,8 @@ class ZooAttention(nn.Module):
 
     Subclasses set ``projections`` (which of q, k, v they need) and implement ``mix`` and
     ``probs``. Context arguments (``num_tokens``, ``num_prefix_tokens``, ``grid_size``) describe
-    the token layout the model was built for; the backbone updates ``token_grid`` per forward.
+    the token layout the model was built for; the backbone updates ``token_grid`` per forward and
+    numbers its blocks in ``block_index``.
     """
 
     projections: Sequence[str] = ("q", "k", "v")
@@ -111,6 +112,7 @@ class ZooAttention(nn.Module):
         self.num_tokens, self.num_prefix_tokens = num_tokens, num_prefix_tokens
         self.grid_size = tuple(grid_size) if grid_size is not None else None
         self.token_grid: Optional[Tuple[int, int]] = None
+        self.block_index = 0  # this layer's block in the backbone's stack (set by the ViT; window shifts odd ones)
         self.attention_probe: Optional[Callable] = None
 
         self.in_proj = HeadProjection(dim, num_heads, head_dim, len(self.projections), heads, qkv_bias, **dd)
@@ -171,6 +173,10 @@ class ZooAttention(nn.Module):
             self.attention_probe(self, lambda index: self.probs(x, q, k, attn_mask, is_causal, index), N)
         out = out.transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj_drop(self.proj(self.norm(out)))
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(f"torch.jit.script cannot compile {type(self).__name__} (vitzoo's attention layers are not "
+                           "TorchScript); use torch.jit.trace, torch.export or torch.onnx.export instead")
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"

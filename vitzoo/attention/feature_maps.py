@@ -1,52 +1,117 @@
-"""Non-negative feature maps for kernel (linear) attention: sim(q, k) = phi(q) . phi(k).
+"""Feature maps for kernel (linear) attention, sim(q, k) = phi(q) . phi(k), as registered modules.
 
-Each map takes (..., D) and returns (..., D') with D' = D, except ``taylor`` which prepends a
-constant 1 so that phi(q) . phi(k) = 1 + cos(q, k) (ATTENTION.md section 3).
+Two layers:
+
+- ``FEATURE_MAPS``: the parameter-free maps the fused kernels apply themselves, by name
+  (``elu``, ``relu``, ``taylor``, and ``identity`` for features computed beforehand), re-exported
+  from their one table in ``vitzoo.kernels.feature_maps`` (values and derivatives). Each takes
+  (..., D) and returns (..., D'); only ``taylor`` changes the width (it prepends a constant 1 so
+  that phi(q) . phi(k) = 1 + cos(q, k), docs/mechanisms.md).
+- ``FeatureMap`` modules built from a spec: a name (``"elu"``) or a mapping with options
+  (``{"name": "performer", "num_features": 256}``). A module may hold parameters or buffers.
+  One whose ``fused`` names an entry of ``FEATURE_MAPS`` runs fully fused; any other computes
+  its features here and the kernels take them as they are (``identity``), still in O(n).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+import inspect
+from typing import Any, Dict, Mapping, Optional, Type, Union
 
 import torch
-import torch.nn.functional as F
+import torch.nn as nn
 
-__all__ = ["FEATURE_MAPS", "feature_map", "feature_dim"]
+from vitzoo.kernels.feature_maps import FEATURE_MAPS, elu_plus_one, feature_map, identity, relu, taylor  # noqa: F401
 
+__all__ = ["FEATURE_MAPS", "feature_map", "FeatureMap", "FeatureMapSpec", "register_feature_map",
+           "list_feature_maps", "build_feature_map"]
 
-def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
-    """Katharopoulos et al.: elu(x) + 1 > 0."""
-    return F.elu(x) + 1.0
-
-
-def relu(x: torch.Tensor) -> torch.Tensor:
-    """EfficientViT-style relu features (the denominator needs its eps)."""
-    return F.relu(x)
+FeatureMapSpec = Union[str, Mapping[str, Any]]
 
 
-def taylor(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """[1, x / |x|]: the first-order Taylor expansion of exp(cos), non-negative in dot products."""
-    unit = F.normalize(x, dim=-1, eps=eps)
-    return torch.cat([torch.ones_like(unit[..., :1]), unit], dim=-1)
+class FeatureMap(nn.Module):
+    """phi: (B, H, N, head_dim) -> (B, H, N, feature_dim), fp32 or wider, non-negative.
+
+    ``fused`` names the entry of ``FEATURE_MAPS`` this module is (the kernels then apply it
+    themselves); a module with ``fused = None`` computes features in ``forward``. ``is_query``
+    lets a map treat queries and keys differently (Performer's stabilisers).
+    """
+
+    fused: Optional[str] = None
+
+    def __init__(self, head_dim: int, num_heads: int = 1):
+        super().__init__()
+        self.head_dim, self.num_heads = head_dim, num_heads
+
+    @property
+    def feature_dim(self) -> int:
+        return self.head_dim
+
+    def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        return feature_map(self.fused)(x.to(torch.promote_types(x.dtype, torch.float32)))
+
+    def extra_repr(self) -> str:
+        return f"fused={self.fused}, head_dim={self.head_dim}, feature_dim={self.feature_dim}"
 
 
-FEATURE_MAPS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "elu": elu_plus_one,
-    "relu": relu,
-    "taylor": taylor,
-}
+_REGISTRY: Dict[str, Type[FeatureMap]] = {}
 
 
-def feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The feature map called ``name``; a ValueError lists the valid names."""
-    try:
-        return FEATURE_MAPS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown feature_map {name!r}; choose one of {sorted(FEATURE_MAPS)}"
-        ) from None
+def register_feature_map(name: str):
+    """Class decorator: register a ``FeatureMap`` subclass under ``name``."""
+    def wrap(cls: Type[FeatureMap]):
+        if name in _REGISTRY:
+            raise ValueError(f"feature map {name!r} is registered twice")
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
 
 
-def feature_dim(name: str, head_dim: int) -> int:
-    """Width of phi(x) for a head of ``head_dim`` channels."""
-    feature_map(name)
-    return head_dim + 1 if name == "taylor" else head_dim
+def list_feature_maps() -> list:
+    """Sorted names of the feature maps a spec may name."""
+    return sorted(_REGISTRY)
+
+
+def _options(cls: Type[FeatureMap]) -> list:
+    return sorted(p.name for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def build_feature_map(spec: FeatureMapSpec, head_dim: int, num_heads: int = 1) -> FeatureMap:
+    """The module for ``spec`` (a name or ``{"name": ..., options}``); unknown names and options are a
+    ValueError naming the valid ones."""
+    if isinstance(spec, str):
+        name, options = spec, {}
+    elif isinstance(spec, Mapping):
+        options = dict(spec)
+        name = options.pop("name", None)
+    else:
+        raise ValueError(f"feature_map must be a name or a mapping with a 'name', got {type(spec).__name__}")
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown feature_map {name!r}; choose one of {list_feature_maps()}")
+    cls = _REGISTRY[name]
+    unknown = sorted(set(options) - set(_options(cls)))
+    if unknown:
+        raise ValueError(f"feature_map {name!r} has no option(s) {unknown}; valid options: {_options(cls)}")
+    return cls(head_dim, num_heads, **options)
+
+
+@register_feature_map("elu")
+class EluFeatureMap(FeatureMap):
+    """elu(x) + 1."""
+    fused = "elu"
+
+
+@register_feature_map("relu")
+class ReluFeatureMap(FeatureMap):
+    """relu(x)."""
+    fused = "relu"
+
+
+@register_feature_map("taylor")
+class TaylorFeatureMap(FeatureMap):
+    """[1, x / |x|]: phi(q) . phi(k) = 1 + cos(q, k)."""
+    fused = "taylor"
+
+    @property
+    def feature_dim(self) -> int:
+        return self.head_dim + 1

@@ -1,4 +1,4 @@
-"""Attention as pure functions of (B, H, N, D) tensors, one formula each (ATTENTION.md).
+"""Attention as pure functions of (B, H, N, D) tensors, one formula each (docs/mechanisms.md).
 
 ``*_attention`` returns the output (B, H, Nq, Dv); ``*_probs`` returns the (implied) attention
 matrix (B, H, Nq, Nk) of the same mechanism, used by the eager paths, diagnostics and tests.
@@ -17,7 +17,8 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from .feature_maps import feature_map as _feature_map
+from vitzoo.kernels.feature_maps import feature_map as _feature_map
+from vitzoo.kernels.naive import naive_linear_attention
 
 __all__ = [
     "softmax_attention",
@@ -146,18 +147,9 @@ def kernel_probs(q: torch.Tensor, k: torch.Tensor, feature_map: str = "elu", eps
 
 
 def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noise: float):
-    """out_i = phi(q_i) S / (phi(q_i).z + eps), the plain formula (the reference path)."""
+    """The plain formula (kernels' naive reference) on the features, key noise applied first."""
     fq, fk = _kernel_features(q, k, feature_map, logit_noise)
-    vf = acc(v)
-    if causal:
-        # S_i = sum_{j<=i} phi(k_j)^T v_j as a cumulative sum of outer products (n*d^2 memory).
-        state = torch.cumsum(fk.unsqueeze(-1) * vf.unsqueeze(-2), dim=-3)
-        num = (fq.unsqueeze(-2) @ state).squeeze(-2)
-        den = (fq * fk.cumsum(dim=-2)).sum(dim=-1, keepdim=True)
-    else:
-        num = fq @ (fk.transpose(-2, -1) @ vf)
-        den = fq @ fk.sum(dim=-2).unsqueeze(-1)
-    return (num / (den + eps)).to(v.dtype)
+    return naive_linear_attention(fq, fk, v, "identity", eps, causal)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
@@ -168,11 +160,14 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_
     ``impl``: ``eager`` is the plain formula; ``torch`` (chunked autograd Function) and
     ``triton`` (GPU kernels) are the fused non-causal paths in ``vitzoo.kernels``; ``auto``
     takes Triton on CUDA, the torch path elsewhere, and the eager formula for the causal form
-    and for key noise (both still O(n)).
+    and for key noise (both still O(n)). The fused paths are one custom op to torch.compile and
+    torch.export; under jit tracing and ONNX export every impl runs the eager formula (``graph_capture``).
     """
     if impl not in LINEAR_IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(LINEAR_IMPLS)}")
     _feature_map(feature_map)
+    if impl != "eager" and graph_capture():
+        impl = "eager"  # a jit tracer or ONNX exporter records the plain formula, never the fused call
     if causal or logit_noise > 0:
         if impl in ("torch", "triton"):
             what = "causal=True" if causal else "logit_noise > 0"
@@ -183,6 +178,13 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_
     from vitzoo.kernels import fused_linear_attention
 
     return fused_linear_attention(q, k, v, feature_map=feature_map, eps=eps, impl=impl)
+
+
+def graph_capture() -> bool:
+    """Whether this call is being recorded by a tracer that cannot carry the fused custom op (torch.jit
+    trace/script, either ONNX exporter): the naive formula runs there instead. torch.compile and
+    torch.export carry the op itself (``vitzoo::linear_attention``)."""
+    return torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
 
 
 def taylor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
@@ -209,7 +211,7 @@ def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         logit_noise: float = 0.0) -> torch.Tensor:
     """Efficient Attention (Shen et al.): softmax_D(q) (softmax_N(k)^T v).
 
-    Not the exp(k) shortcut with a separate denominator (ATTENTION.md section 3).
+    Not the exp(k) shortcut with a separate denominator (docs/mechanisms.md).
     """
     qs, ks = _efficient_factors(q, k, logit_noise)
     return (qs @ (ks.transpose(-2, -1) @ acc(v))).to(v.dtype)

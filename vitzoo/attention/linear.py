@@ -1,9 +1,9 @@
-"""Kernel (linear) attention: elu+1, relu and Taylor 1+cos feature maps (seed 001)."""
+"""Kernel (linear) attention with any feature map: elu+1, relu, Taylor 1+cos, or a registered module."""
 from __future__ import annotations
 
 from . import functional as AF
 from .base import ZooAttention
-from .feature_maps import feature_map as _check_feature_map
+from .feature_maps import FeatureMapSpec, build_feature_map
 from .registry import register_attention
 
 __all__ = ["LinearAttention"]
@@ -14,33 +14,42 @@ __all__ = ["LinearAttention"]
 class LinearAttention(ZooAttention):
     """out_i = phi(q_i) sum_j phi(k_j)^T v_j / (phi(q_i).sum_j phi(k_j) + eps), O(n d^2).
 
-    Logit noise becomes the per-key factor exp(eps_j) on phi(k_j) (ATTENTION.md section 6).
-    ``impl`` picks the path (auto | triton | torch | eager, see ``functional.linear_attention``).
+    ``feature_map`` is a spec (a name or ``{"name": ..., options}``, see ``feature_maps``); maps the
+    kernels know run fully fused, others hand their features to the same O(n) path. Logit noise
+    becomes the per-key factor exp(eps_j) on phi(k_j) (docs/mechanisms.md). ``impl`` picks the path
+    (auto | triton | torch | eager, see ``functional.linear_attention``).
     """
 
     has_logits = False
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, feature_map: str = "elu", eps: float = 1e-6,
+    def __init__(self, dim: int, num_heads: int = 8, *args, feature_map: FeatureMapSpec = "elu", eps: float = 1e-6,
                  causal: bool = False, impl: str = "auto", **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
-        _check_feature_map(feature_map)
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
-        self.feature_map, self.eps, self.causal, self.impl = feature_map, eps, causal, impl
+        self.phi = build_feature_map(feature_map, self.head_dim, num_heads)
+        self.eps, self.causal, self.impl = eps, causal, impl
+
+    def features(self, q, k):
+        """(q, k, name): the raw q, k and the fused map's name, or precomputed features and ``identity``."""
+        if self.phi.fused is not None:
+            return q, k, self.phi.fused
+        return self.phi(q, is_query=True), self.phi(k, is_query=False), "identity"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         _no_mask(attn_mask)
-        return AF.linear_attention(q, k, v, self.feature_map, self.eps, self.impl,
-                                   self.causal or is_causal, logit_noise)
+        fq, fk, name = self.features(q, k)
+        return AF.linear_attention(fq, fk, v, name, self.eps, self.impl, self.causal or is_causal, logit_noise)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         _no_mask(attn_mask)
+        fq, fk, name = self.features(q, k)
         if self.causal or is_causal:
-            return AF.kernel_probs(q, k, self.feature_map, self.eps, causal=True)[:, :, query_index]
-        return AF.kernel_probs(q[:, :, query_index], k, self.feature_map, self.eps)
+            return AF.kernel_probs(fq, fk, name, self.eps, causal=True)[:, :, query_index]
+        return AF.kernel_probs(fq[:, :, query_index], fk, name, self.eps)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", feature_map={self.feature_map}, causal={self.causal}, impl={self.impl}"
+        return super().extra_repr() + f", causal={self.causal}, impl={self.impl}"
 
 
 def _no_mask(attn_mask) -> None:

@@ -33,7 +33,7 @@ from .registry import register_attention
 from .softmax import check_scale, logit_scale
 
 __all__ = [
-    "Layout", "resample_tokens", "DenseLogits", "FactorizedDenseLogits", "RandomLogits", "FactorizedRandomLogits",
+    "Layout", "resample_tokens", "GridModule", "GridBoundAttention", "DenseLogits", "FactorizedDenseLogits", "RandomLogits", "FactorizedRandomLogits",
     "DotProductLogits", "MixLogits", "SynthesizerAttention", "SynthDenseAttention", "SynthRandomAttention",
     "SynthFactorizedDenseAttention", "SynthFactorizedRandomAttention", "SynthMixAttention", "MIX_PARTS",
 ]
@@ -71,11 +71,11 @@ def resample_tokens(t: torch.Tensor, dim: int, src: Layout, dst: Layout) -> torc
 
 
 # -- logit generators ------------------------------------------------------------------------
-class GridLogits(nn.Module):
-    """A logit generator tied to the layout it was built for.
+class GridModule(nn.Module):
+    """A module whose tensors index the tokens of the layout it was built for (logit generators, Linformer's E, F).
 
-    ``forward(x, q, k, layout)`` returns the logits at ``layout``. The built layout lives in the
-    persistent buffer ``layout``; a state dict saved at another one is resampled on load.
+    A logit generator's ``forward(x, q, k, layout)`` returns the logits at ``layout``. The built layout
+    lives in the persistent buffer ``layout``; a state dict saved at another one is resampled on load.
     """
 
     def __init__(self, layout: Layout, device=None):
@@ -102,7 +102,7 @@ class GridLogits(nn.Module):
         return f"layout={self.built}"
 
 
-def _resample_on_load(module: GridLogits, state_dict, prefix, *args) -> None:
+def _resample_on_load(module: GridModule, state_dict, prefix, *args) -> None:
     key = prefix + "layout"
     if key not in state_dict:
         return
@@ -116,7 +116,7 @@ def _resample_on_load(module: GridLogits, state_dict, prefix, *args) -> None:
     state_dict[key] = module.layout.clone()
 
 
-class DenseLogits(GridLogits):
+class DenseLogits(GridModule):
     """Dense: B = relu(x W1 + b1) W2 + b2, each token's own row of logits over the built keys.
 
     W2 maps ``hidden`` (default: dim) to H * ``width`` (default: the built token count).
@@ -186,7 +186,7 @@ class FactorizedDenseLogits(DenseLogits):
         return super().extra_repr() + f", factors={self.factors}"
 
 
-class RandomLogits(GridLogits):
+class RandomLogits(GridModule):
     """Random: B = R, one (n x n) table per head, trainable or fixed at its N(0, 1) init.
 
     Fixed R is a persistent buffer: no gradient, no optimizer state, but saved with the model.
@@ -212,7 +212,7 @@ class RandomLogits(GridLogits):
         return super().extra_repr() + f", trainable={self.trainable}"
 
 
-class FactorizedRandomLogits(GridLogits):
+class FactorizedRandomLogits(GridModule):
     """Factorized random: B = R1 R2^T, R1, R2 of shape (H, n, rank); entries of B start at unit variance."""
 
     def __init__(self, num_heads: int, layout: Layout, rank: int = 8, device=None, dtype=None):
@@ -273,15 +273,15 @@ class MixLogits(nn.Module):
 
 
 # -- mechanisms -------------------------------------------------------------------------------
-class SynthesizerAttention(ZooAttention):
-    """softmax(B + noise) V with the logits B from ``self.synth`` (set by the subclass).
+class GridBoundAttention(ZooAttention):
+    """A mechanism whose parameters index the tokens of the layout it was built for (``built_layout``).
 
-    ``interpolate``: at a token count other than the built one, resample B as a 2-D grid (True)
-    or raise a ValueError (False). Needs the layout it is built for (``num_tokens`` /
-    ``grid_size``, supplied by the vitzoo backbones).
+    ``interpolate``: at another layout, resample them as a 2-D grid (True) or raise a ValueError
+    (False). Needs the layout it is built for (``num_tokens`` / ``grid_size``, supplied by the vitzoo
+    backbones). ``resampled`` names what is resampled, for the error message.
     """
 
-    projections = ("v",)
+    resampled = "logits"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, interpolate: bool = True, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -296,12 +296,24 @@ class SynthesizerAttention(ZooAttention):
             return built  # no grid given for this input (a plain token sequence): the built layout
         if num_tokens != built.tokens and not self.interpolate:
             raise ValueError(f"{type(self).__name__} was built for {built.tokens} tokens ({built}) but got "
-                             f"{num_tokens}; set interpolate: true to resample its logits to the new grid")
+                             f"{num_tokens}; set interpolate: true to resample its {self.resampled} to the new grid")
         target = Layout(built.prefix, *self.current_grid(num_tokens))
         if target != built and not self.interpolate:
-            raise ValueError(f"{type(self).__name__} was built for {built} but got {target} "
-                             f"({num_tokens} tokens); set interpolate: true to resample its logits to the new grid")
+            raise ValueError(f"{type(self).__name__} was built for {built} but got {target} ({num_tokens} tokens); "
+                             f"set interpolate: true to resample its {self.resampled} to the new grid")
         return target
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", layout={self.built_layout}, interpolate={self.interpolate}"
+
+
+class SynthesizerAttention(GridBoundAttention):
+    """softmax(B + noise) V with the logits B from ``self.synth`` (set by the subclass).
+
+    ``interpolate`` resamples B at another token layout (``GridBoundAttention``).
+    """
+
+    projections = ("v",)
 
     def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
         """Noiseless logits B (+ mask) for the current input: (B|1, H, N, N), fp32 or wider."""
@@ -324,9 +336,6 @@ class SynthesizerAttention(ZooAttention):
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         logits = self.logits(x, q, k, attn_mask, is_causal)[:, :, query_index]
         return logits.softmax(dim=-1).expand(x.shape[0], -1, -1, -1)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f", layout={self.built_layout}, interpolate={self.interpolate}"
 
 
 @register_attention("synth_dense")

@@ -1,4 +1,5 @@
-"""``python -m vitzoo.export CKPT OUT [--no-head] [--force]``: a training checkpoint -> a timm hub export dir."""
+"""``python -m vitzoo.export CKPT OUT [--no-head] [--onnx] [--force]``: a training checkpoint -> a timm hub export
+dir."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,8 @@ def main(argv=None) -> int:
     parser.add_argument("out", help="export directory to write (created if missing; must be empty unless --force)")
     parser.add_argument("--no-head", dest="head", action="store_false",
                         help="drop the classifier head (num_classes=0): a backbone for dense prediction")
+    parser.add_argument("--onnx", action="store_true", help="also write OUT/model.onnx (dynamic batch axis, "
+                        "the training image size; vitzoo.export.onnx.export_onnx takes another)")
     parser.add_argument("--force", action="store_true",
                         help="write into OUT even when it holds files (an existing export there is replaced)")
     args = parser.parse_args(argv)
@@ -27,6 +30,9 @@ def main(argv=None) -> int:
         return 2
     try:
         out = export_checkpoint(args.ckpt, out, head=args.head)
+        if args.onnx:
+            from .onnx import export_onnx
+            print(f"wrote {export_onnx(out)}")
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

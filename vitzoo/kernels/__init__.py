@@ -1,10 +1,11 @@
 """Fused non-causal kernel (linear) attention: Triton kernels on CUDA, a chunked torch path elsewhere.
 
 ``fused_linear_attention`` is what ``vitzoo.attention.functional.linear_attention`` calls for
-``impl`` in auto | torch | triton; the plain formula (``impl="eager"``) stays in ``functional``
-as the reference. ``auto`` takes Triton for CUDA tensors when triton imports and the feature map
-and head dims are ones the kernels serve (elu, relu; head dims <= 128), the torch path otherwise
-(e.g. ``taylor`` on CUDA).
+``impl`` in auto | torch | triton; the plain formula is ``naive.naive_linear_attention``, the
+reference every path is tested against. ``auto`` takes Triton for CUDA tensors when triton imports
+and the feature map and head dims are ones the kernels serve (elu, relu, identity; see
+``triton_linear``), the torch path otherwise (e.g. ``taylor`` on CUDA). The feature maps by name are
+the table of ``feature_maps``; this package imports nothing else of vitzoo.
 """
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from typing import Optional
 
 import torch
 
-from .torch_linear import TORCH_FEATURE_MAPS, check_inputs, linear_attention_torch
+from . import feature_maps as _maps
+from .feature_maps import FEATURE_MAPS, FUSED_MAPS
+from .naive import naive_linear_attention
+from .torch_linear import check_inputs, linear_attention_torch
 
-__all__ = ["fused_linear_attention", "linear_attention_torch", "triton_available", "triton_interpreting",
-           "FUSED_IMPLS"]
+__all__ = ["fused_linear_attention", "linear_attention_torch", "naive_linear_attention", "triton_available",
+           "triton_interpreting", "FUSED_IMPLS", "FEATURE_MAPS", "FUSED_MAPS"]
 
 FUSED_IMPLS = ("auto", "torch", "triton")
 
@@ -43,12 +47,13 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
         return "triton is not installed (pip install triton)"
     if not q.is_cuda and not triton_interpreting():
         return f"the Triton kernels need CUDA tensors, got {q.device.type} ones (move q, k, v to a CUDA device)"
-    from .triton_linear import MAX_HEAD_DIM, TRITON_FEATURE_MAPS
+    from .triton_linear import MAX_FEATURE_DIM, MAX_HEAD_DIM, TRITON_FEATURE_MAPS
 
     if feature_map not in TRITON_FEATURE_MAPS:
         return f"the Triton kernels serve feature_map in {sorted(TRITON_FEATURE_MAPS)}, not {feature_map!r}"
-    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
-        return f"the Triton kernels serve head dims up to {MAX_HEAD_DIM}, got {q.shape[-1]} and {v.shape[-1]}"
+    if q.shape[-1] > MAX_FEATURE_DIM or v.shape[-1] > MAX_HEAD_DIM:
+        return (f"the Triton kernels serve q, k up to {MAX_FEATURE_DIM} and v up to {MAX_HEAD_DIM} channels, "
+                f"got {q.shape[-1]} and {v.shape[-1]}")
     if q.dtype == torch.float64:
         return "the Triton kernels take fp32, bf16 or fp16 inputs, not fp64"
     return None
@@ -68,8 +73,7 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
         hint = " (the eager formula is vitzoo.attention.functional.linear_attention(impl='eager'))" \
             if impl == "eager" else ""
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(FUSED_IMPLS)}{hint}")
-    if feature_map not in TORCH_FEATURE_MAPS:
-        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
+    _maps.feature_map(feature_map)  # an unknown name: a ValueError listing the valid ones
     check_inputs(q, k, v)
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch
         refusal = _triton_refusal(q, v, feature_map)

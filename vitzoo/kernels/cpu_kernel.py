@@ -25,7 +25,7 @@ import torch
 
 __all__ = ["CPU_KERNEL_MAPS", "cpu_kernel", "cpu_kernel_enabled"]
 
-CPU_KERNEL_MAPS = ("elu", "relu")  # the feature maps the kernel knows, by their number there
+CPU_KERNEL_MAPS = ("elu", "relu", "identity")  # the feature maps the kernel knows, by their number there
 _SOURCE = Path(__file__).with_name("csrc") / "linear_attention_cpu.cpp"
 _ARCH_FLAGS = {  # torch's CPU capability -> what the compiler may assume
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],

@@ -1,4 +1,4 @@
-"""Chunked torch path for non-causal kernel attention: an autograd Function with the analytic backward.
+"""Chunked torch path for non-causal kernel attention, with the analytic backward (behind ops.py's custom op).
 
 out_i = phi(q_i) S / (phi(q_i).z + eps),  S = sum_j phi(k_j)^T v_j,  z = sum_j phi(k_j).
 
@@ -16,80 +16,28 @@ The four sweeps (state, output, query grads, key/value grads) each walk a token 
 two step sets of the same signatures: ``_KernelSteps``, the compiled CPU kernel (cpu_kernel.py; one
 call per range, in blocks of 256 rows per (batch, head) slice that stay in L2, the feature map and
 the element-wise work fused into row loops, the products straight to MKL; float32 / float64 CPU
-tensors, elu and relu), or ``_TorchSteps`` in torch ops (chunks of all slices at once; any device,
+tensors, elu, relu and identity), or ``_TorchSteps`` in torch ops (chunks of all slices at once; any device,
 dtype and feature map; the reference the kernel is tested against).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Optional
+from typing import Optional
 
 import torch
 
-from vitzoo.attention.feature_maps import FEATURE_MAPS
-
-from ._autograd import FusedLinearFunction
 from ._threads import single_threaded_pool
 from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
+from .feature_maps import FUSED_MAPS, FusedMap, feature_map as _check_map
+from .ops import fused_linear
 
-__all__ = ["linear_attention_torch", "check_inputs", "chunk_tokens", "TORCH_FEATURE_MAPS"]
+__all__ = ["linear_attention_torch", "torch_forward", "torch_backward", "check_inputs", "chunk_tokens"]
 
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
 _MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
 _MIN_PARALLEL_ELEMENTS = 1 << 16  # ... and so do inputs this small (a hand-over costs ~0.1-0.3 ms)
 _KERNEL_BLOCK_ROWS = 256  # rows per slice and block of the CPU kernel: its (block, d) buffers stay in L2
 _OMP_SLICES_PER_THREAD = 8  # batch*heads >= this many per thread: torch's intra-op threads instead
-_TAYLOR_NORM_EPS = 1e-6  # F.normalize's eps inside feature_maps.taylor
-_LOG2E = math.log2(math.e)
-
-
-class FeatureMap(NamedTuple):
-    """``phi(x, buf) -> (f, aux)`` and ``grad(df, f, aux, out) -> dx`` (may overwrite ``df`` and
-    ``f``), plus how many features phi adds to the head dim. ``aux`` is what the derivative needs
-    (elu: the exp part); ``buf`` hands out scratch tensors (see ``_Scratch``)."""
-
-    phi: Callable
-    grad: Callable
-    extra: int = 0
-
-
-def _elu_phi(x, buf):
-    # elu(x) + 1 = exp(min(x, 0)) + max(x, 0) in cheap passes (elu's own kernel is slower, and
-    # exp2 is about twice as fast as exp here); the exp part is also the derivative.
-    e = torch.mul(x, _LOG2E, out=buf("e", x.shape)).clamp_(max=0).exp2_()
-    return torch.clamp(x, min=0, out=buf("f", x.shape)).add_(e), e
-
-
-def _elu_grad(df, f, e, out):
-    return torch.mul(df, e, out=out)
-
-
-def _relu_phi(x, buf):
-    f = torch.clamp(x, min=0, out=buf("f", x.shape))
-    return f, f
-
-
-def _relu_grad(df, f, aux, out):
-    return torch.mul(df, f.sign_(), out=out)  # relu features are >= 0: sign(f) is the 0/1 mask
-
-
-def _taylor_phi(x, buf):
-    return FEATURE_MAPS["taylor"](x), x
-
-
-def _taylor_grad(df, f, x, out):
-    """VJP of [1, x / max(|x|, eps)]: the tangential part of dU over |x| (dU / eps below eps)."""
-    unit, dunit = f[..., 1:], df[..., 1:]
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    radial = torch.linalg.vecdot(unit, dunit).unsqueeze(-1) * (norm > _TAYLOR_NORM_EPS)
-    return torch.div(dunit - unit * radial, norm.clamp_min(_TAYLOR_NORM_EPS), out=out)
-
-
-TORCH_FEATURE_MAPS = {
-    "elu": FeatureMap(_elu_phi, _elu_grad),
-    "relu": FeatureMap(_relu_phi, _relu_grad),
-    "taylor": FeatureMap(_taylor_phi, _taylor_grad, extra=1),
-}
 
 
 def chunk_tokens(batch_heads: int, width: int, num_tokens: int, device: torch.device) -> int:
@@ -199,7 +147,7 @@ class _TorchSteps:
     """The steps in torch ops (any device and dtype, every feature map), tokens in chunks of
     ``chunk`` for all slices at once (None: ~1 MiB buffers, see ``chunk_tokens``)."""
 
-    def __init__(self, fm: FeatureMap, eps: float, chunk: Optional[int], q: torch.Tensor, v: torch.Tensor,
+    def __init__(self, fm: FusedMap, eps: float, chunk: Optional[int], q: torch.Tensor, v: torch.Tensor,
                  num_tokens: int):
         self.fm, self.eps = fm, eps
         width = max(q.shape[-1] + fm.extra, v.shape[-1])
@@ -257,7 +205,7 @@ def _unit_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class _KernelSteps:
     """The same steps as sweeps of the compiled CPU kernel (cpu_kernel.py): one call walks a token range
-    of every slice in blocks of ``block`` rows per slice; float32 / float64, elu and relu."""
+    of every slice in blocks of ``block`` rows per slice; float32 / float64, the maps of ``CPU_KERNEL_MAPS``."""
 
     def __init__(self, kernel, feature_map: str, eps: float, block: Optional[int], dtype: torch.dtype):
         self.kernel, self.map, self.eps = kernel, CPU_KERNEL_MAPS.index(feature_map), eps
@@ -289,7 +237,7 @@ def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kern
                          "pass use_kernel=None to fall back to torch ops")
     if kernel is not None:
         return _KernelSteps(kernel, feature_map, eps, chunk, q.dtype)
-    return _TorchSteps(TORCH_FEATURE_MAPS[feature_map], eps, chunk, q, v, max(q.shape[2], k.shape[2]))
+    return _TorchSteps(FUSED_MAPS[feature_map], eps, chunk, q, v, max(q.shape[2], k.shape[2]))
 
 
 def _forward(q, k, v, steps):
@@ -312,19 +260,17 @@ def _backward(dout, q, k, v, S, z, steps, needs):
     return dq, dk, dv
 
 
-class _LinearAttentionFn(FusedLinearFunction):
-    """options: chunk, use_kernel."""
+def torch_forward(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool]):
+    """(out, S, z): the forward of ``ops.linear_attention_op`` on this path."""
+    with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
+        return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
 
-    @staticmethod
-    def forward(q, k, v, feature_map: str, eps: float, chunk: int, use_kernel: Optional[bool]):
-        with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-            return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
 
-    @staticmethod
-    def fused_backward(ctx, dout, q, k, v, S, z, needs):
-        chunk, use_kernel = ctx.options
-        with torch.autocast(q.device.type, enabled=False):
-            return _backward(dout, q, k, v, S, z, _steps(q, k, v, ctx.feature_map, ctx.eps, chunk, use_kernel), needs)
+def torch_backward(dout, q, k, v, S, z, feature_map: str, eps: float, chunk: Optional[int],
+                   use_kernel: Optional[bool], needs):
+    """(dq, dk, dv) (None where not ``needs``): the analytic backward of this path."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _backward(dout, q, k, v, S, z, _steps(q, k, v, feature_map, eps, chunk, use_kernel), needs)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -348,12 +294,11 @@ def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     ops ~1 MiB buffers of all slices, for the CPU kernel 256 rows of each slice).
 
     ``use_kernel``: None runs the steps in the compiled CPU kernel where it serves the inputs (float32 /
-    float64 CPU tensors, elu or relu) and in torch ops otherwise; True insists on the kernel,
+    float64 CPU tensors, elu, relu or identity) and in torch ops otherwise; True insists on the kernel,
     False on torch ops.
     """
-    if feature_map not in TORCH_FEATURE_MAPS:
-        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(TORCH_FEATURE_MAPS)}")
+    _check_map(feature_map)
     check_inputs(q, k, v)
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
-    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, chunk, use_kernel)[0]
+    return fused_linear(q, k, v, feature_map, eps, "torch", chunk, use_kernel)

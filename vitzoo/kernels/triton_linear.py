@@ -5,7 +5,8 @@ over (batch*heads, splits) programs and writes fp32 partials that are summed in 
 (deterministic); ``_output_kernel`` computes phi(q) S / (phi(q).z + eps) with the division fused.
 Backward (same notation as ``torch_linear``) recomputes the features: ``_dq_kernel`` reads q, dO
 once, writes dq and partials of [dS | dz]; ``_dkv_kernel`` reads k, v once and writes dk, dv.
-Only q, k, v, S, z are saved. Feature maps: elu (+1) and relu; head dims up to 128.
+Only q, k, v, S, z are saved. Feature maps: elu (+1), relu and identity; q, k up to 256 features,
+v up to 128 channels.
 Launches: batch*heads on grid axis 0 (CUDA caps axes 1 and 2 at 65,535), 64-bit token offsets,
 autotuning keyed on a power-of-two bucket of the token count; the reductions' token block and warp
 count are fixed, so S, z, dS, dz have the same bits in every process.
@@ -19,12 +20,13 @@ import triton
 import triton.language as tl
 
 from . import triton_interpreting
-from ._autograd import FusedLinearFunction
+from .ops import fused_linear
 
-__all__ = ["linear_attention_triton", "TRITON_FEATURE_MAPS", "MAX_HEAD_DIM"]
+__all__ = ["linear_attention_triton", "triton_forward", "triton_backward", "TRITON_FEATURE_MAPS", "MAX_FEATURE_DIM", "MAX_HEAD_DIM"]
 
-TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1}
-MAX_HEAD_DIM = 128
+TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1, "identity": 2}  # identity: features computed by the caller
+MAX_FEATURE_DIM = 256  # q, k: e.g. 256 precomputed random features
+MAX_HEAD_DIM = 128  # v
 REDUCE_BLOCK_N = 64  # token block of the reduction kernels: fixed, as it sets the summation order
 
 
@@ -48,14 +50,18 @@ _KEY = ["N_BUCKET", "D", "DV"]  # N_BUCKET = _pow2(N), unused in the kernels: on
 def _phi(x, FEATURE: tl.constexpr):
     if FEATURE == 0:
         return tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
-    return tl.maximum(x, 0.0)
+    if FEATURE == 1:
+        return tl.maximum(x, 0.0)
+    return x
 
 
 @triton.jit
 def _dphi(x, FEATURE: tl.constexpr):
     if FEATURE == 0:
         return tl.where(x > 0, 1.0, tl.exp(tl.minimum(x, 0.0)))
-    return tl.where(x > 0, 1.0, 0.0)
+    if FEATURE == 1:
+        return tl.where(x > 0, 1.0, 0.0)
+    return tl.full(x.shape, 1.0, tl.float32)
 
 
 @triton.jit
@@ -251,14 +257,14 @@ def _forward(q, k, v, feature_map: str, eps: float):
 def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
     (B, H, N, d), nk = q.shape, k.shape[2]
     meta = _meta(q, v, feature_map)
-    dq = torch.empty_like(q) if needs[0] else q  # q: a pointer that is never written
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if needs[0] else q  # else never written
     splits, per_split = _split(B * H, N, _sms(q.device))
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
     _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, _pow2(N), H, per_split, eps, *q.stride(),
                                 *dout.stride(), *dq.stride(), NEED_DQ=needs[0], **meta, **_reduce_meta(meta))
     dS, dz = ps.sum(1), pz.sum(1)
-    dk = torch.empty_like(k) if needs[1] else k  # never written when not needed
-    dv = torch.empty_like(v) if needs[2] else v
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if needs[1] else k  # else never written
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if needs[2] else v
     if needs[1] or needs[2]:
         _dkv_kernel[_block_grid(B * H, nk)](k, v, dS, dz, dk, dv, nk, _pow2(nk), H, *k.stride(), *v.stride(),
                                             *dk.stride(), *dv.stride(), NEED_DK=needs[1], NEED_DV=needs[2], **meta)
@@ -270,19 +276,19 @@ def _on_device_of(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-class _TritonLinearAttentionFn(FusedLinearFunction):
-    @staticmethod
-    def forward(q, k, v, feature_map: str, eps: float):
-        with _on_device_of(q):
-            return _forward(q, k, v, feature_map, eps)
+def triton_forward(q, k, v, feature_map: str, eps: float, chunk=None, use_kernel=None):
+    """(out, S, z): the forward of ``ops.linear_attention_op`` on this path (``chunk``, ``use_kernel``: unused)."""
+    with _on_device_of(q):
+        return _forward(q, k, v, feature_map, eps)
 
-    @staticmethod
-    def fused_backward(ctx, dout, q, k, v, S, z, needs):
-        with _on_device_of(q):
-            return _backward(dout, q, k, v, S, z, ctx.feature_map, ctx.eps, needs)
+
+def triton_backward(dout, q, k, v, S, z, feature_map: str, eps: float, chunk, use_kernel, needs):
+    """(dq, dk, dv) (None where not ``needs``), contiguous."""
+    with _on_device_of(q):
+        return _backward(dout, q, k, v, S, z, feature_map, eps, needs)
 
 
 def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
                             eps: float = 1e-6) -> torch.Tensor:
     """Kernel attention on (B, H, N, D) CUDA tensors (or CPU ones under TRITON_INTERPRET=1)."""
-    return _TritonLinearAttentionFn.apply(q, k, v, feature_map, eps)[0]
+    return fused_linear(q, k, v, feature_map, eps, "triton", None, None)

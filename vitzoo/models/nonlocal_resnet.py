@@ -10,7 +10,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from vitzoo.attention import AttentionSpec, resolve_attention
-from vitzoo.export.hub import verify_local_dir
+from .local_dir import verify_local_dir
 
 __all__ = ["NonLocalBlock", "NonLocalResNet"]
 

@@ -8,7 +8,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
-from vitzoo.export.hub import verify_local_dir
+from .local_dir import verify_local_dir
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
 
@@ -20,7 +20,14 @@ class ZooVisionTransformer(VisionTransformer):
 
     Synthesizer grids and the log-n scale need the (h, w) grid when the input size changes
     (``dynamic_img_size``); everything else is timm's, including ``forward_intermediates``.
+    Each attention layer learns its block's index (window attention shifts every second block).
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for index, block in enumerate(self.blocks):
+            if isinstance(block.attn, ZooAttention):
+                block.attn.block_index = index
 
     def _pos_embed(self, x):
         grid = tuple(x.shape[1:3]) if self.dynamic_img_size else tuple(self.patch_embed.grid_size)

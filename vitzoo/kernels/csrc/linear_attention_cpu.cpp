@@ -4,7 +4,7 @@
 // products handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are
 // (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64
 // for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1
-// above), relu -> [f > 0]. Built with -fno-trapping-math so that the branch-free row loops vectorise.
+// above), relu -> [f > 0], identity (features computed by the caller) -> 1. Built with -fno-trapping-math so that the branch-free row loops vectorise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -24,7 +24,7 @@ int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // mkl_service.h's mk
 
 namespace {
 
-enum Map : int64_t { kElu = 0, kRelu = 1 };  // the order of cpu_kernel.CPU_KERNEL_MAPS
+enum Map : int64_t { kElu = 0, kRelu = 1, kIdentity = 2 };  // the order of cpu_kernel.CPU_KERNEL_MAPS
 
 // exp(x) for x <= 0 without a libm call: Cody-Waite reduction and Cephes' expf polynomial
 // (relative error < 1e-7). 2^n is applied as two normal factors, so that below fp32's normal range
@@ -54,13 +54,15 @@ inline double exp_nonpositive(double x) { return std::exp(x); }
 template <Map M, typename T>
 inline T phi(T x) {
   if constexpr (M == kElu) return exp_nonpositive(std::min(x, T(0))) + std::max(x, T(0));
-  else return std::max(x, T(0));
+  else if constexpr (M == kRelu) return std::max(x, T(0));
+  else return x;
 }
 
 template <Map M, typename T>
 inline T dphi(T f) {
   if constexpr (M == kElu) return std::min(f, T(1));
-  else return T(f > T(0));
+  else if constexpr (M == kRelu) return T(f > T(0));
+  else return T(1);
 }
 
 template <typename T>
@@ -313,10 +315,12 @@ void key_value_grad_sweep(const at::Tensor& k, const at::Tensor& v, const at::Te
   [&] {                                                                                                     \
     TORCH_CHECK((x).scalar_type() == at::kFloat || (x).scalar_type() == at::kDouble,                        \
                 #sweep ": float32 or float64 tensors, got ", (x).scalar_type());                            \
-    TORCH_CHECK((map) == kElu || (map) == kRelu, #sweep ": unknown feature map number ", (map));            \
+    TORCH_CHECK((map) == kElu || (map) == kRelu || (map) == kIdentity,                                      \
+                #sweep ": unknown feature map number ", (map));                                             \
     const bool f32 = (x).scalar_type() == at::kFloat;                                                       \
     if ((map) == kElu) return f32 ? sweep<kElu, float>(__VA_ARGS__) : sweep<kElu, double>(__VA_ARGS__);     \
-    return f32 ? sweep<kRelu, float>(__VA_ARGS__) : sweep<kRelu, double>(__VA_ARGS__);                      \
+    if ((map) == kRelu) return f32 ? sweep<kRelu, float>(__VA_ARGS__) : sweep<kRelu, double>(__VA_ARGS__);  \
+    return f32 ? sweep<kIdentity, float>(__VA_ARGS__) : sweep<kIdentity, double>(__VA_ARGS__);              \
   }()
 
 }  // namespace

@@ -1,0 +1,57 @@
+"""Checks shared by the tests of single mechanisms (tests/test_mech_*.py): a tiny module, gradcheck, and
+the mechanism inside both backbones at twice the training resolution against a float64 reference."""
+import math
+
+import torch
+
+import vitzoo
+from vitzoo.attention import ZooAttention, build_attention
+
+from attention_reference import module_out, module_qkv
+
+
+def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
+    """The module for ``spec`` built for ``tokens`` tokens (``prefix`` of them before a square grid)."""
+    torch.manual_seed(seed)
+    side = math.isqrt(tokens - prefix)
+    return build_attention(spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=prefix,
+                           grid_size=(side, side), **kwargs)
+
+
+def gradcheck_module(m, x) -> bool:
+    """torch.autograd.gradcheck of ``m`` (float64) in its input and every parameter."""
+    names = [n for n, _ in m.named_parameters()]
+    return torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
+                                    (x.requires_grad_(), *m.parameters()))
+
+
+def backbones(spec):
+    """The ViT (32 px, patch 8: a 4x4 grid + class token) and the CIFAR non-local ResNet, built with ``spec``."""
+    torch.manual_seed(0)
+    vit = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
+                              num_heads=2, num_classes=3)
+    resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16),
+                                 stem_width=8, num_classes=3)
+    return {"vit": vit, "resnet": resnet}
+
+
+def check_double_resolution(spec, reference):
+    """Both backbones on 64 px inputs (twice their 32 px build): every attention layer sees the doubled grid
+    and its output is ``module_out(reference(layer, q, k, v))`` on its recorded input (float64)."""
+    for name, model in backbones(spec).items():
+        model = model.double().eval()
+        seen = []
+        layers = [m for m in model.modules() if isinstance(m, ZooAttention)]
+        hooks = [m.register_forward_hook(lambda m, args, out, seen=seen: seen.append((m, args[0], out)))
+                 for m in layers]
+        with torch.no_grad():
+            logits = model(torch.randn(2, 3, 64, 64, dtype=torch.float64))
+        for h in hooks:
+            h.remove()
+        assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+        assert len(seen) == len(layers) > 0
+        for layer, x, out in seen:
+            built = layer.grid_size
+            assert layer.token_grid == (2 * built[0], 2 * built[1]), name
+            expected = module_out(layer, reference(layer, *module_qkv(layer, x)))
+            torch.testing.assert_close(out, expected, rtol=1e-7, atol=1e-9, msg=name)

@@ -1,0 +1,122 @@
+"""Leaving eager PyTorch: exporters and compilers carry the same model, for every registered mechanism.
+
+Each mechanism in both backbones (a one-block ViT and the non-local ResNet with small channels) goes
+through both ONNX exporters (run in onnxruntime), torch.export and torch.compile(fullgraph=True,
+backend="eager"); logits must match eager PyTorch within 1e-4.
+"""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import vitzoo
+
+ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras (pip install -e '.[test]')")
+pytest.importorskip("onnxscript", reason="the dynamo ONNX exporter needs onnxscript (pip install -e '.[test]')")
+
+ATOL = 1e-4
+BACKBONES = ("vit", "resnet")
+
+
+def build(backbone: str, attention) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if backbone == "vit":
+        model = vitzoo.create_model("vit_tiny", attention=attention, img_size=32, patch_size=8, num_classes=5,
+                                    embed_dim=32, depth=1, num_heads=2)
+    else:
+        model = vitzoo.create_model("nonlocal_resnet18_cifar", attention=attention, channels=(8, 16, 32, 64),
+                                    stem_width=8, num_classes=5, img_size=32)
+    return model.eval()
+
+
+def inputs(batch: int = 2):
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def onnx_logits(model, x, dynamo: bool, run_on=None) -> torch.Tensor:
+    """Export ``model`` at ``x`` with a dynamic batch axis and run it in onnxruntime on ``run_on`` (default x)."""
+    buf = io.BytesIO()
+    if dynamo:
+        batch = torch.export.Dim("batch", min=1)
+        torch.onnx.export(model, (x,), buf, dynamo=True, input_names=["x"], output_names=["y"],
+                          dynamic_shapes={"x": {0: batch}})
+    else:
+        torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    session = ort.InferenceSession(buf.getvalue())
+    inp = x if run_on is None else run_on
+    return torch.from_numpy(session.run(None, {"x": inp.numpy()})[0])
+
+
+def assert_logits(got, expected):
+    err = (got - expected).abs().max().item()
+    assert err < ATOL, f"max abs logit error {err:.2e} >= {ATOL}"
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("attention", vitzoo.list_attentions())
+def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo):
+    """Both exporters; the model runs in onnxruntime at another batch size than it was exported with."""
+    model, x, other = build(backbone, attention), inputs(2), inputs(3)
+    with torch.no_grad():
+        assert_logits(onnx_logits(model, x, dynamo, run_on=other), model(other))
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("attention", vitzoo.list_attentions())
+def test_torch_export_and_compile_fullgraph(attention, backbone):
+    model, x = build(backbone, attention), inputs()
+    with torch.no_grad():
+        expected = model(x)
+        assert_logits(torch.export.export(model, (x,)).module()(x), expected)
+        torch._dynamo.reset()
+        assert_logits(torch.compile(model, fullgraph=True, backend="eager")(x), expected)
+
+
+def test_fused_linear_attention_is_one_op_to_torch_export_and_compile():
+    """The fused kernel is carried as vitzoo::linear_attention (not the eager formula, not a constant), and
+    compiled training (aot_eager: forward and backward graphs) gives eager's gradients."""
+    model, x = build("vit", "linear"), inputs()
+    graph = torch.export.export(model, (x,)).graph
+    assert any(node.target is torch.ops.vitzoo.linear_attention.default for node in graph.nodes)
+    params = dict(model.named_parameters())
+    expected = torch.autograd.grad(model(x).square().sum(), list(params.values()))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(x).square().sum(), list(params.values()))
+    for name, g, g_ref in zip(params, got, expected):
+        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_legacy_onnx_export_of_the_fused_linear_path_is_the_eager_model():
+    """The TorchScript-based exporter once froze the fused kernel's result into a wrong model (0.41 off)."""
+    torch.manual_seed(0)
+    model = vitzoo.create_model("vit_tiny", attention="linear", img_size=32, patch_size=8, num_classes=10,
+                                embed_dim=64, depth=2, num_heads=2).eval()
+    x, other = inputs(2), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for inp in (x, other):
+            assert_logits(onnx_logits(model, x, dynamo=False, run_on=inp), model(inp))
+
+
+def test_torchscript_is_refused_with_one_clear_error():
+    with pytest.raises(RuntimeError, match="use torch.jit.trace, torch.export or torch.onnx.export"):
+        torch.jit.script(build("vit", "linear"))
+
+
+def test_export_onnx_writes_model_onnx_next_to_the_hub_export(tmp_path):
+    """vitzoo.export.onnx (python -m vitzoo.export ... --onnx): dynamic batch, the export's image size."""
+    from vitzoo.export import export_model
+    from vitzoo.export.onnx import export_onnx
+
+    model = build("vit", "linear")
+    export_model(model, tmp_path, data_config={"input_size": (3, 32, 32)})
+    path = export_onnx(tmp_path)
+    assert path == tmp_path / "model.onnx"
+    x = inputs(3)
+    got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"images": x.numpy()})[0])
+    with torch.no_grad():
+        assert_logits(got, model(x))

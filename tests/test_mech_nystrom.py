@@ -1,0 +1,182 @@
+"""Nyström attention against a float64 reference written from the formula (docs/mechanisms.md, section 8)."""
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitzoo
+from vitzoo.attention import build_attention
+from vitzoo.attention.nystrom import iterative_pinv, nystrom_attention
+
+from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+
+DIM, HEADS, N = 16, 2, 13  # 13 tokens: 4 landmarks make segments of 4, 3, 3, 3
+HD = DIM // HEADS
+
+
+def build(seed=0, **options):
+    torch.manual_seed(seed)
+    return build_attention({"name": "nystrom", **options}, DIM, num_heads=HEADS, qkv_bias=True).double()
+
+
+# -- float64 reference -------------------------------------------------------------------------------
+def ref_softmax(logits):
+    e = torch.exp(logits - logits.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def ref_landmarks(x, m):
+    """Segment s holds tokens ceil(s n / m) .. ceil((s + 1) n / m) - 1; its landmark is their mean."""
+    n = x.shape[-2]
+    return torch.stack([x[..., math.ceil(s * n / m):math.ceil((s + 1) * n / m), :].mean(-2) for s in range(m)], -2)
+
+
+def ref_pinv(a, iterations):
+    """The paper's iteration, one matrix at a time, from Z_0 = A^T / (max column sum * max row sum)."""
+    out = torch.empty_like(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype)
+    for idx in itertools.product(*map(range, a.shape[:-2])):
+        A = a[idx]
+        Z = A.T / (A.abs().sum(0).max() * A.abs().sum(1).max())
+        for _ in range(iterations):
+            Z = Z @ (13 * eye - A @ Z @ (15 * eye - A @ Z @ (7 * eye - A @ Z))) / 4
+        out[idx] = Z
+    return out
+
+
+def ref_nystrom(q, k, v, m, iterations=6, scale=None, landmark_scale=None, noise=(0, 0, 0), conv=None):
+    """(out, implied matrix); ``conv`` (H, kernel): out_i += sum_t w[t] v_(i + t - r), zero-padded."""
+    scale = scale or q.shape[-1] ** -0.5
+    landmark_scale = landmark_scale or q.shape[-1] ** -0.5
+    ql, kl = ref_landmarks(q, m), ref_landmarks(k, m)
+    f = ref_softmax(q @ kl.transpose(-2, -1) * landmark_scale + noise[0])
+    z = ref_pinv(ref_softmax(ql @ kl.transpose(-2, -1) * landmark_scale + noise[1]), iterations)
+    b = ref_softmax(ql @ k.transpose(-2, -1) * scale + noise[2])
+    attn = f @ z @ b
+    out = attn @ v
+    if conv is not None:
+        r, n = conv.shape[-1] // 2, v.shape[-2]
+        vp = F.pad(v, (0, 0, r, r))
+        out = out + sum(conv[:, t, None, None] * vp[..., t:t + n, :] for t in range(conv.shape[-1]))
+    return out, attn
+
+
+def ref_module(m, x, **kw):
+    q, k, v = module_qkv(m, x)
+    conv = None if m.conv is None else m.conv.weight[:, 0, :, 0].detach()
+    out, attn = ref_nystrom(q, k, v, min(m.num_landmarks, x.shape[1]), m.pinv_iterations, conv=conv, **kw)
+    return module_out(m, out), attn
+
+
+# -- the formula -------------------------------------------------------------------------------------
+def test_iterative_pinv_converges_to_the_moore_penrose_inverse():
+    a = torch.randn(2, 3, 6, 6, dtype=torch.float64).softmax(-1)
+    torch.testing.assert_close(iterative_pinv(a, 6), ref_pinv(a, 6), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(iterative_pinv(a, 30), torch.linalg.pinv(a), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("options", [{"num_landmarks": 4}, {"num_landmarks": 4, "conv_kernel": 3},
+                                     {"num_landmarks": 5, "heads": "projected", "head_dim": 4}], ids=str)
+def test_module_matches_the_reference(options):
+    m = build(**options)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    want, attn = ref_module(m, x)
+    torch.testing.assert_close(m(x), want, rtol=1e-10, atol=1e-10)
+    q, k, _ = m.project(x)
+    index = torch.tensor([0, 6, N - 1])
+    implied = attn if m.conv is None else attn + _band(m.conv.weight[:, 0, :, 0].detach(), N)
+    torch.testing.assert_close(m.probs(x, q, k, None, False, index), implied[:, :, index], rtol=1e-10, atol=1e-10)
+
+
+def _band(w, n):
+    """(1, H, n, n) matrix of the zero-padded convolution: entry (i, j) = w[j - i + r]."""
+    r = w.shape[-1] // 2
+    out = torch.zeros(1, w.shape[0], n, n, dtype=w.dtype)
+    for i, j in itertools.product(range(n), range(n)):
+        if abs(j - i) <= r:
+            out[0, :, i, j] = w[:, j - i + r]
+    return out
+
+
+def test_every_token_a_landmark_is_softmax_attention():
+    """m = n: Q~ = Q, K~ = K, so F = A = B = softmax(QK^T) and F pinv(A) B = A once the pinv has converged
+    (30 iterations; the default 6 leave an error near 1e-2)."""
+    q, k, v = (torch.randn(2, HEADS, N, HD, dtype=torch.float64) for _ in range(3))
+    want = softmax_ref(q, k, v)[0]
+    torch.testing.assert_close(nystrom_attention(q, k, v, num_landmarks=N, pinv_iterations=30), want,
+                               rtol=1e-9, atol=1e-9)
+    assert (nystrom_attention(q, k, v, num_landmarks=N) - want).abs().max() > 1e-4
+
+
+def test_log_n_scales_each_softmax_by_its_own_key_count():
+    """n = 13 tokens against 20 at training; the landmark softmaxes see min(m, n) keys (12 built, so 12 vs 12
+    and 16 vs 13)."""
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    for m_built, train in ((12, 20), (16, 20)):
+        m = build(num_landmarks=m_built, scale="log_n", train_tokens=train)
+        keys = min(m_built, N)
+        scale = math.sqrt(HD) / math.log(train) * math.log(N) / HD
+        landmark_scale = math.sqrt(HD) / math.log(min(m_built, train)) * math.log(keys) / HD
+        want, _ = ref_module(m, x, scale=scale, landmark_scale=landmark_scale)
+        torch.testing.assert_close(m(x), want, rtol=1e-10, atol=1e-10)
+
+
+def test_logit_noise_on_all_three_softmaxes_in_training_only():
+    sigma, m_ = 0.5, 4
+    m = build(num_landmarks=m_, logit_noise=sigma)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    torch.manual_seed(3)
+    noisy = m(x)
+    torch.manual_seed(3)
+    noise = [torch.randn(2, HEADS, *shape, dtype=torch.float64) * sigma for shape in ((N, m_), (m_, m_), (m_, N))]
+    torch.testing.assert_close(noisy, ref_module(m, x, noise=noise)[0], rtol=1e-10, atol=1e-10)
+    m.eval()
+    state = torch.get_rng_state()
+    torch.testing.assert_close(m(x), ref_module(m, x)[0], rtol=1e-10, atol=1e-10)
+    assert torch.equal(torch.get_rng_state(), state)  # sigma applies in training only; eval draws nothing
+
+
+def test_gradcheck():
+    m = build(num_landmarks=3, conv_kernel=3)
+    x = torch.randn(1, 7, DIM, dtype=torch.float64, requires_grad=True)
+    names = [n for n, _ in m.named_parameters()]
+
+    def fn(x, *values):
+        return torch.func.functional_call(m, dict(zip(names, values)), (x,))
+    assert torch.autograd.gradcheck(fn, (x, *m.parameters()), fast_mode=True)
+
+
+# -- backbones and errors ------------------------------------------------------------------------------
+def test_vit_and_nonlocal_resnet_at_twice_the_resolution():
+    spec = {"name": "nystrom", "num_landmarks": 4, "conv_kernel": 3}
+    vit = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
+                              num_heads=2)
+    resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention=spec, channels=[16, 32, 64, 128], stem_width=16)
+    for model in (vit, resnet):
+        for px in (32, 64):
+            model.zero_grad()
+            out = model(torch.randn(2, 3, px, px))
+            assert out.shape == (2, model.num_classes) and torch.isfinite(out).all()
+            out.square().mean().backward()
+            assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_errors_name_the_fix():
+    with pytest.raises(ValueError, match="num_landmarks must be a positive integer"):
+        build(num_landmarks=0)
+    with pytest.raises(ValueError, match="conv_kernel must be an odd"):
+        build(conv_kernel=4)
+    with pytest.raises(ValueError, match="pinv_iterations"):
+        build(pinv_iterations=0)
+    with pytest.raises(ValueError, match="attn_drop_rate=0"):
+        build_attention("nystrom", DIM, num_heads=HEADS, attn_drop=0.1)
+    with pytest.raises(ValueError, match="train_tokens"):
+        build(scale="log_n")
+    m = build(num_landmarks=4)
+    x = torch.randn(1, N, DIM, dtype=torch.float64)
+    with pytest.raises(ValueError, match="no masked or causal form.*attention='softmax'"):
+        m(x, is_causal=True)
+    with pytest.raises(ValueError, match="no masked or causal form"):
+        m(x, attn_mask=torch.ones(N, N, dtype=torch.bool))

@@ -1,0 +1,54 @@
+"""Hydra attention (Bolya et al. 2022): as many heads as channels with the cosine kernel, O(n d).
+The mathematics: docs/mechanisms.md section 11.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import functional as AF
+from .base import ZooAttention
+from .linear import _no_mask
+from .registry import register_attention
+
+__all__ = ["hydra_attention", "hydra_probs", "HydraAttention"]
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """phi(x): each token's vector of all H*D channels of (B, H, N, D) scaled to unit length (0 stays 0)."""
+    x = AF.acc(x)
+    return x / torch.linalg.vector_norm(x, dim=(1, 3), keepdim=True).clamp_min(1e-12)
+
+
+def hydra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0) -> torch.Tensor:
+    """out = phi(Q) * sum_t phi(K_t) * V_t, channel by channel; logit noise is the factor exp(eps_t) on phi(K_t)."""
+    fk = _unit(k)
+    noise = AF._key_noise(k, logit_noise)
+    if noise is not None:
+        fk = fk * noise.exp()
+    return (_unit(q) * (fk * AF.acc(v)).sum(dim=-2, keepdim=True)).to(v.dtype)
+
+
+def hydra_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Each key's share of a query's mix in a head: sum over its channels of |phi(q_i)_c phi(k_t)_c|, rows
+    normalised (the per-channel weights are signed and unnormalised, docs/mechanisms.md)."""
+    return AF.kernel_probs(_unit(q).abs(), _unit(k).abs(), "identity", eps=1e-12)
+
+
+@register_attention("hydra")
+class HydraAttention(ZooAttention):
+    """Hydra: every channel is a head mixing with weights phi(q_i)_c phi(k_t)_c, no softmax, no denominator.
+
+    ``num_heads`` / ``heads`` / ``head_dim`` shape the projections and group channels for ``probs``;
+    phi normalises over all H*D channels of a token, as in the paper.
+    """
+
+    has_logits = False
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        _no_mask(attn_mask)
+        if is_causal:
+            raise ValueError("hydra has no causal form here; use attention='linear' with causal: true")
+        return hydra_attention(q, k, v, logit_noise)
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        return hydra_probs(q[:, :, query_index], k)

@@ -1,0 +1,150 @@
+"""Nyströmformer (Xiong et al. 2021): softmax attention through m landmarks (docs/mechanisms.md, section 8)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import functional as AF
+from .base import ZooAttention
+from .registry import register_attention
+from .softmax import check_scale, logit_scale
+
+__all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_means", "iterative_pinv"]
+
+
+def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """(..., N, D) -> (..., m, D): token i belongs to segment floor(i m / N), so sizes differ by at most 1."""
+    n = x.shape[-2]
+    segment = torch.arange(n, device=x.device) * num_segments // n
+    average = F.one_hot(segment, num_segments).T.to(x.dtype)
+    return (average / average.sum(-1, keepdim=True)) @ x
+
+
+def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
+    """Moore-Penrose inverse of each (m, m) matrix by Z <- Z (13 I - AZ (15 I - AZ (7 I - AZ))) / 4.
+
+    Z_0 = A^T / (|A|_1 |A|_inf), the norms of each matrix on its own (not of the batch).
+    """
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    norm = a.abs().sum(-2).amax(-1) * a.abs().sum(-1).amax(-1)
+    z = a.transpose(-2, -1) / norm[..., None, None]
+    for _ in range(iterations):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+def _softmax(logits: torch.Tensor, logit_noise: float) -> torch.Tensor:
+    if logit_noise > 0:
+        logits = logits + torch.randn_like(logits) * logit_noise
+    return logits.softmax(dim=-1)
+
+
+def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_scale, logit_noise: float):
+    """softmax(Q K~^T), pinv(softmax(Q~ K~^T)), softmax(Q~ K^T), noise drawn in that order."""
+    d = q.shape[-1]
+    scale = d ** -0.5 if scale is None else scale
+    landmark_scale = d ** -0.5 if landmark_scale is None else landmark_scale
+    q, k = AF.acc(q), AF.acc(k)
+    ql, kl = segment_means(q, num_landmarks), segment_means(k, num_landmarks)
+    f = _softmax((q * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
+    a = _softmax((ql * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
+    b = _softmax((ql * scale) @ k.transpose(-2, -1), logit_noise)
+    return f, iterative_pinv(a, pinv_iterations), b
+
+
+def nystrom_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_landmarks: int = 64,
+                      pinv_iterations: int = 6, scale: Optional[float] = None, landmark_scale: Optional[float] = None,
+                      logit_noise: float = 0.0) -> torch.Tensor:
+    """softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V in O(n m d + m^3) per head.
+
+    ``scale`` multiplies the logits of the softmax over the n keys, ``landmark_scale`` those over the
+    m landmark keys (both default 1/sqrt(d)); ``logit_noise`` adds independent noise to all three.
+    """
+    f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, logit_noise)
+    return (f @ (z @ (b @ AF.acc(v)))).to(v.dtype)
+
+
+def nystrom_probs(q: torch.Tensor, k: torch.Tensor, num_landmarks: int = 64, pinv_iterations: int = 6,
+                  scale: Optional[float] = None, landmark_scale: Optional[float] = None,
+                  query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The implied matrix F pinv(A) B for the rows ``query_index`` (all by default): (B, H, Nq, Nk).
+
+    Its rows sum to about 1 and may hold small negative entries (it approximates a softmax matrix).
+    """
+    f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, 0.0)
+    return (f if query_index is None else f[:, :, query_index]) @ (z @ b)
+
+
+@register_attention("nystrom")
+class NystromAttention(ZooAttention):
+    """Nyström approximation of softmax attention with ``num_landmarks`` segment-mean landmarks.
+
+    Fewer tokens than landmarks: every token is a landmark. ``pinv_iterations`` (6, as the paper) of
+    ``iterative_pinv``. ``conv_kernel`` (odd, None = off; the paper uses 33) adds a depthwise
+    convolution of V along the token axis, one kernel per head. Logit noise goes on the logits of all
+    three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md).
+    """
+
+    has_logits = False  # no n x n matrix is formed: nothing for attn_drop
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, num_landmarks: int = 64, pinv_iterations: int = 6,
+                 conv_kernel: Optional[int] = None, scale: str = "sqrt_d", train_tokens: Optional[int] = None,
+                 **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        if int(num_landmarks) != num_landmarks or num_landmarks < 1:
+            raise ValueError(f"num_landmarks must be a positive integer, got {num_landmarks!r}")
+        if int(pinv_iterations) != pinv_iterations or pinv_iterations < 1:
+            raise ValueError(f"pinv_iterations must be a positive integer (the paper uses 6), got {pinv_iterations!r}")
+        if conv_kernel is not None and (int(conv_kernel) != conv_kernel or conv_kernel < 1 or conv_kernel % 2 == 0):
+            raise ValueError(f"conv_kernel must be an odd positive integer (the paper uses 33) or null, got {conv_kernel!r}")
+        self.train_tokens = train_tokens or self.num_tokens
+        check_scale(scale, self.train_tokens)
+        if scale == "log_n" and num_landmarks < 2:
+            raise ValueError(f"scale='log_n' needs num_landmarks >= 2 (a softmax over 1 landmark has no scale), "
+                             f"got {num_landmarks}")
+        self.num_landmarks, self.pinv_iterations, self.scale_mode = int(num_landmarks), int(pinv_iterations), scale
+        self.conv = None
+        if conv_kernel is not None:
+            self.conv = nn.Conv2d(num_heads, num_heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0),
+                                  groups=num_heads, bias=False, device=kwargs.get("device"), dtype=kwargs.get("dtype"))
+
+    def options(self, num_tokens: int) -> dict:
+        """Landmark count and the two logit scales at ``num_tokens`` tokens."""
+        m, train = min(self.num_landmarks, num_tokens), self.train_tokens
+        train_landmarks = None if train is None else min(self.num_landmarks, train)
+        scale = logit_scale(self.scale_mode, self.head_dim, num_tokens, train)
+        landmark_scale = logit_scale(self.scale_mode, self.head_dim, m, train_landmarks)
+        return dict(num_landmarks=m, pinv_iterations=self.pinv_iterations, scale=scale, landmark_scale=landmark_scale)
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        _no_mask(attn_mask, is_causal)
+        out = nystrom_attention(q, k, v, logit_noise=logit_noise, **self.options(k.shape[-2]))
+        return out if self.conv is None else out + self.conv(v)
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        _no_mask(attn_mask, is_causal)
+        out = nystrom_probs(q, k, query_index=query_index, **self.options(k.shape[-2]))
+        return out if self.conv is None else out + self.conv_matrix(k.shape[-2], query_index)
+
+    def conv_matrix(self, num_tokens: int, query_index: torch.Tensor) -> torch.Tensor:
+        """The convolution as a matrix: row i holds kernel tap j - i + r at column j (|j - i| <= r), (1, H, Q, N)."""
+        weight = AF.acc(self.conv.weight)[:, 0, :, 0]  # (H, kernel)
+        radius = weight.shape[-1] // 2
+        tap = torch.arange(num_tokens, device=weight.device) - query_index.to(weight.device)[:, None] + radius
+        inside = (tap >= 0) & (tap < weight.shape[-1])
+        return (weight[:, tap.clamp(0, weight.shape[-1] - 1)] * inside).unsqueeze(0)
+
+    def extra_repr(self) -> str:
+        kernel = None if self.conv is None else self.conv.kernel_size[0]
+        return (super().extra_repr() + f", num_landmarks={self.num_landmarks}, pinv_iterations={self.pinv_iterations}, "
+                f"conv_kernel={kernel}, scale={self.scale_mode}")
+
+
+def _no_mask(attn_mask, is_causal: bool) -> None:
+    if attn_mask is not None or is_causal:
+        raise ValueError("nystrom attention has no masked or causal form (its landmarks mix all tokens); "
+                         "use attention='softmax' for masked or causal inputs")

@@ -1,0 +1,165 @@
+"""Window attention (Swin-style): softmax within non-overlapping w x w windows of the patch grid.
+
+Shifted windows (alternate blocks) are the Swin partition; prefix (class) tokens are global. The
+mathematics, cost and resolution behaviour are in docs/mechanisms.md, section 13.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import functional as AF
+from .base import ZooAttention
+from .registry import register_attention
+from .softmax import check_scale
+
+__all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs"]
+
+Grid = Tuple[int, int]
+
+
+class Windows(NamedTuple):
+    """How an (h, w) grid is cut: window ``size`` per axis, ``pad`` (top, bottom, left, right) in tokens."""
+
+    grid: Grid
+    size: Grid
+    pad: Tuple[int, int, int, int]
+
+    @property
+    def counts(self) -> Grid:
+        """Windows per axis."""
+        (top, bottom, left, right), (h, w) = self.pad, self.grid
+        return (h + top + bottom) // self.size[0], (w + left + right) // self.size[1]
+
+    def index(self, device=None) -> torch.Tensor:
+        """The window of each grid token, row-major: (h * w,)."""
+        rows = (torch.arange(self.grid[0], device=device) + self.pad[0]) // self.size[0]
+        cols = (torch.arange(self.grid[1], device=device) + self.pad[2]) // self.size[1]
+        return (rows[:, None] * self.counts[1] + cols[None, :]).flatten()
+
+    def partition(self, t: torch.Tensor) -> torch.Tensor:
+        """Grid tokens (..., h*w, D) -> windows (..., n_windows, wh*ww, D), zero-padded."""
+        (nh, nw), (wh, ww) = self.counts, self.size
+        top, bottom, left, right = self.pad
+        g = F.pad(t.unflatten(-2, self.grid), (0, 0, left, right, top, bottom))
+        return g.unflatten(-3, (nh, wh)).unflatten(-2, (nw, ww)).transpose(-4, -3).flatten(-3, -2).flatten(-4, -3)
+
+    def merge(self, t: torch.Tensor) -> torch.Tensor:
+        """Windows (..., n_windows, wh*ww, D) -> grid tokens (..., h*w, D), padding dropped."""
+        (nh, nw), (wh, ww), (h, w) = self.counts, self.size, self.grid
+        g = t.unflatten(-3, (nh, nw)).unflatten(-2, (wh, ww)).transpose(-4, -3).flatten(-5, -4).flatten(-3, -2)
+        return g[..., self.pad[0]:self.pad[0] + h, self.pad[2]:self.pad[2] + w, :].flatten(-3, -2)
+
+
+def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Windows:
+    """Windows of ``window_size`` (clipped to the grid per axis); ``shifted`` moves the borders by w // 2.
+
+    Padding the front by w - w // 2 gives the partition Swin reaches with a cyclic shift and its
+    attention mask (first window w // 2 wide); the rest is padded at the back.
+    """
+    sizes, pads = [], []
+    for g in grid:
+        w = min(window_size, g)
+        front = w - w // 2 if shifted and g > w and w > 1 else 0
+        sizes.append(w)
+        pads += [front, -(g + front) % w]
+    return Windows(tuple(grid), tuple(sizes), tuple(pads))
+
+
+def _query_scale(q: torch.Tensor, keys, train_keys: Optional[int]):
+    """1/sqrt(d), or the log-n scale of the keys each query attends (``train_keys`` its reference),
+    a tensor in q's dtype for per-query counts."""
+    if train_keys is None:
+        return q.shape[-1] ** -0.5
+    if not isinstance(keys, torch.Tensor):
+        return AF.entropy_scale(q.shape[-1], keys, train_keys)
+    return AF.entropy_scale(q.shape[-1], keys.to(AF.acc(q).dtype), train_keys).to(q.dtype)
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, window_size: int = 7,
+                     shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None,
+                     logit_noise: float = 0.0, dropout_p: float = 0.0) -> torch.Tensor:
+    """Patch queries: softmax over their window's keys and the prefix keys; prefix queries: over all keys.
+
+    O(n (w^2 + P) d) time. ``train_keys``: None for 1/sqrt(d), else the log-n scale's reference count.
+    """
+    P = num_prefix
+    layout = window_layout(grid, window_size, shifted)
+    qw, kw, vw = (layout.partition(t[:, :, P:]) for t in (q, k, v))
+    keep = layout.partition(torch.ones(grid[0] * grid[1], 1, dtype=torch.bool, device=q.device)).squeeze(-1)
+    if P:
+        nw = keep.shape[0]
+        kw = torch.cat([kw, k[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
+        vw = torch.cat([vw, v[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
+        keep = torch.cat([keep, keep.new_ones(nw, P)], dim=-1)
+    scale = _query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
+    out = layout.merge(AF.softmax_attention(qw * scale, kw, vw, 1.0, logit_noise, keep[:, None], dropout_p=dropout_p))
+    if not P:
+        return out
+    prefix = AF.softmax_attention(q[:, :, :P], k, v, _query_scale(q, k.shape[-2], train_keys), logit_noise,
+                                  dropout_p=dropout_p)
+    return torch.cat([prefix, out], dim=2)
+
+
+def window_probs(q: torch.Tensor, k: torch.Tensor, grid: Grid, query_index: torch.Tensor, window_size: int = 7,
+                 shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None) -> torch.Tensor:
+    """The implied n x n matrix (rows ``query_index``): zero outside each query's window and the prefix."""
+    ids = window_layout(grid, window_size, shifted).index(q.device)
+    ids = torch.cat([ids.new_full((num_prefix,), -1), ids])
+    keep = (ids[:, None] == ids[None, :]) | (ids[:, None] < 0) | (ids[None, :] < 0)
+    keep = keep[query_index]
+    scale = _query_scale(q, keep.sum(-1, keepdim=True), train_keys)
+    return AF.softmax_probs(q[:, :, query_index] * scale, k, 1.0, keep)
+
+
+@register_attention("window")
+class WindowAttention(ZooAttention):
+    """Softmax within ``window_size`` windows; with ``shift``, odd blocks (``block_index``) use shifted windows.
+
+    Prefix tokens attend every token and every token attends them. ``scale: log_n`` counts the keys
+    each query attends (window keys + prefix); its reference is a full window at the build grid.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, window_size: int = 7, shift: bool = True,
+                 scale: str = "sqrt_d", **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        if int(window_size) != window_size or window_size < 1:
+            raise ValueError(f"window_size must be a positive integer (tokens per window side), got {window_size!r}")
+        self.window_size, self.shift, self.scale_mode = int(window_size), bool(shift), scale
+        if scale == "log_n" and self.grid_size is None:
+            raise ValueError("scale='log_n' needs the training grid: build window attention inside a vitzoo model "
+                             "or pass grid_size=(h, w)")
+        self.train_keys = None
+        if scale == "log_n":
+            self.train_keys = self.num_prefix_tokens + math.prod(window_layout(self.grid_size, self.window_size).size)
+        check_scale(scale, self.train_keys)
+
+    @property
+    def shifted(self) -> bool:
+        """Whether this layer uses the shifted partition (Swin: every second block)."""
+        return self.shift and self.block_index % 2 == 1
+
+    def _options(self, num_tokens: int) -> dict:
+        return dict(grid=self.current_grid(num_tokens), window_size=self.window_size, shifted=self.shifted,
+                    num_prefix=self.num_prefix_tokens, train_keys=self.train_keys)
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        _no_mask(attn_mask, is_causal)
+        return window_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.attn_drop.p if self.training else 0.0,
+                                **self._options(q.shape[-2]))
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        _no_mask(attn_mask, is_causal)
+        return window_probs(q, k, query_index=query_index, **self._options(q.shape[-2]))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", window_size={self.window_size}, shift={self.shift}, scale={self.scale_mode}"
+
+
+def _no_mask(attn_mask, is_causal) -> None:
+    if attn_mask is not None or is_causal:
+        raise ValueError("window attention takes no attn_mask or is_causal (its mask is the window partition); "
+                         "use attention='softmax' for masked or causal inputs")

@@ -1,0 +1,109 @@
+"""The fused feature maps, by name: the one table of each map's value and derivative.
+
+``FUSED_MAPS[name]`` holds ``value(x)`` (plain torch: the naive reference and the eager path), the
+chunked torch path's ``phi(x, buf) -> (f, aux)`` into scratch and ``grad(df, f, aux, out) -> dx``
+(may overwrite ``df`` and ``f``; ``aux`` is what the derivative needs, e.g. elu's exp part), and how
+many features the map adds to the head dim. The compiled CPU kernel and the Triton kernels carry the
+same maps by number (``cpu_kernel.CPU_KERNEL_MAPS``, ``triton_linear.TRITON_FEATURE_MAPS``).
+``identity`` takes features computed beforehand, so any feature map (with parameters, random
+features) runs on the fused O(n) path through it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FUSED_MAPS", "FEATURE_MAPS", "FusedMap", "feature_map", "elu_plus_one", "relu", "taylor", "identity"]
+
+TAYLOR_NORM_EPS = 1e-6
+_LOG2E = math.log2(math.e)
+
+
+def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
+    """Katharopoulos et al.: elu(x) + 1 > 0."""
+    return F.elu(x) + 1.0
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """EfficientViT-style relu features (the denominator needs its eps)."""
+    return F.relu(x)
+
+
+def taylor(x: torch.Tensor, eps: float = TAYLOR_NORM_EPS) -> torch.Tensor:
+    """[1, x / |x|]: the first-order Taylor expansion of exp(cos), non-negative in dot products."""
+    unit = F.normalize(x, dim=-1, eps=eps)
+    return torch.cat([torch.ones_like(unit[..., :1]), unit], dim=-1)
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """Features computed beforehand (by a feature-map module), taken as they are."""
+    return x
+
+
+def _elu_phi(x, buf):
+    # elu(x) + 1 = exp(min(x, 0)) + max(x, 0) in cheap passes (elu's own kernel is slower, and
+    # exp2 is about twice as fast as exp here); the exp part is also the derivative.
+    e = torch.mul(x, _LOG2E, out=buf("e", x.shape)).clamp_(max=0).exp2_()
+    return torch.clamp(x, min=0, out=buf("f", x.shape)).add_(e), e
+
+
+def _elu_grad(df, f, e, out):
+    return torch.mul(df, e, out=out)
+
+
+def _relu_phi(x, buf):
+    f = torch.clamp(x, min=0, out=buf("f", x.shape))
+    return f, f
+
+
+def _relu_grad(df, f, aux, out):
+    return torch.mul(df, f.sign_(), out=out)  # relu features are >= 0: sign(f) is the 0/1 mask
+
+
+def _taylor_phi(x, buf):
+    return taylor(x), x
+
+
+def _taylor_grad(df, f, x, out):
+    """VJP of [1, x / max(|x|, eps)]: the tangential part of dU over |x| (dU / eps below eps)."""
+    unit, dunit = f[..., 1:], df[..., 1:]
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    radial = torch.linalg.vecdot(unit, dunit).unsqueeze(-1) * (norm > TAYLOR_NORM_EPS)
+    return torch.div(dunit - unit * radial, norm.clamp_min(TAYLOR_NORM_EPS), out=out)
+
+
+def _identity_phi(x, buf):
+    return buf("f", x.shape).copy_(x), None
+
+
+def _identity_grad(df, f, aux, out):
+    return out.copy_(df)
+
+
+class FusedMap(NamedTuple):
+    """A fused feature map: its value, the torch path's in-scratch value and derivative, added width."""
+
+    value: Callable[[torch.Tensor], torch.Tensor]
+    phi: Callable
+    grad: Callable
+    extra: int = 0
+
+
+FUSED_MAPS: Dict[str, FusedMap] = {
+    "elu": FusedMap(elu_plus_one, _elu_phi, _elu_grad),
+    "relu": FusedMap(relu, _relu_phi, _relu_grad),
+    "taylor": FusedMap(taylor, _taylor_phi, _taylor_grad, extra=1),
+    "identity": FusedMap(identity, _identity_phi, _identity_grad),
+}
+FEATURE_MAPS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {name: m.value for name, m in FUSED_MAPS.items()}
+
+
+def feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The value function of the fused map ``name``; a ValueError lists the valid names."""
+    try:
+        return FEATURE_MAPS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown feature_map {name!r}; choose one of {sorted(FEATURE_MAPS)}") from None

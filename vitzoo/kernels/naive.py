@@ -1,0 +1,35 @@
+"""The naive reference of linear attention (fla's ``ops/<op>/naive.py`` habit): the one eager formula.
+
+out_i = phi(q_i) S_i / (phi(q_i).z_i + eps), S_i = sum_j phi(k_j)^T v_j, z_i = sum_j phi(k_j), the sums
+over every key (non-causal) or keys j <= i (causal). Plain torch ops: the eager path, the create_graph
+backward of the fused paths, and what exporters record where they cannot carry the fused op.
+"""
+from __future__ import annotations
+
+import torch
+
+from .feature_maps import feature_map as _value
+
+__all__ = ["naive_linear_attention"]
+
+
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def naive_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "identity",
+                           eps: float = 1e-6, causal: bool = False) -> torch.Tensor:
+    """(B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv) in v's dtype, sums in fp32 or wider.
+
+    ``feature_map`` names a fused map (``identity``: q and k are features already)."""
+    phi = _value(feature_map)
+    fq, fk, vf = phi(_acc(q)), phi(_acc(k)), _acc(v)
+    if causal:
+        # S_i = sum_{j<=i} phi(k_j)^T v_j as a cumulative sum of outer products (n*d^2 memory).
+        state = torch.cumsum(fk.unsqueeze(-1) * vf.unsqueeze(-2), dim=-3)
+        num = (fq.unsqueeze(-2) @ state).squeeze(-2)
+        den = (fq * fk.cumsum(dim=-2)).sum(dim=-1, keepdim=True)
+    else:
+        num = fq @ (fk.transpose(-2, -1) @ vf)
+        den = fq @ fk.sum(dim=-2).unsqueeze(-1)
+    return (num / (den + eps)).to(v.dtype)

@@ -1,0 +1,142 @@
+"""The fused paths as PyTorch custom operators: torch.export, torch.compile and torch.func see one op.
+
+``vitzoo::linear_attention(q, k, v, feature_map, eps, impl, chunk, use_kernel) -> (out, S, z)`` runs
+the chunked torch path (``impl="torch"``, torch_linear.py) or the Triton kernels (``impl="triton"``);
+S (B*H, F, Dv) and z (B*H, F) are the state, saved for backward, not differentiable. Around it:
+
+- a fake implementation (shapes and dtypes only), so tracers and compilers never run the kernels;
+- autograd with the analytic backward, itself the op ``vitzoo::linear_attention_backward``; under
+  ``create_graph=True`` (a gradient penalty, ``torch.func.grad``) backward differentiates the naive
+  formula instead (``eager_grads``): same values, the naive formula's memory;
+- vmap: the mapped dim is folded into the batch, so one call serves every sample.
+
+``fused_linear`` is the entry the paths call: the op behind an autograd Function sharing that formula,
+as torch.func does not take a custom op's registered autograd.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .feature_maps import FUSED_MAPS
+from .naive import naive_linear_attention
+
+__all__ = ["fused_linear", "linear_attention_op", "linear_attention_backward_op", "eager_grads"]
+
+
+def _path(impl: str):
+    """The (forward, backward) functions of a fused path."""
+    if impl == "triton":
+        from .triton_linear import triton_backward, triton_forward
+
+        return triton_forward, triton_backward
+    from .torch_linear import torch_backward, torch_forward
+
+    return torch_forward, torch_backward
+
+
+@torch.library.custom_op("vitzoo::linear_attention", mutates_args=())
+def linear_attention_op(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: float, impl: str,
+                        chunk: Optional[int], use_kernel: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(out, S, z) of non-causal kernel attention on (B, H, N, D) tensors by the ``impl`` path."""
+    return _path(impl)[0](q, k, v, feature_map, eps, chunk, use_kernel)
+
+
+@linear_attention_op.register_fake
+def _(q, k, v, feature_map, eps, impl, chunk, use_kernel):
+    width, acc = q.shape[-1] + FUSED_MAPS[feature_map].extra, torch.promote_types(q.dtype, torch.float32)
+    bh = q.shape[0] * q.shape[1]
+    return (v.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty(bh, width, v.shape[-1], dtype=acc),
+            q.new_empty(bh, width, dtype=acc))
+
+
+@torch.library.custom_op("vitzoo::linear_attention_backward", mutates_args=())
+def linear_attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor,
+                                 feature_map: str, eps: float, impl: str, chunk: Optional[int],
+                                 use_kernel: Optional[bool], needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), contiguous; an empty tensor for each input whose ``needs`` is False."""
+    grads = _path(impl)[1](dout, q, k, v, S, z, feature_map, eps, chunk, use_kernel, needs)
+    return tuple(g if g is not None else x.new_empty(0) for g, x in zip(grads, (q, k, v)))
+
+
+@linear_attention_backward_op.register_fake
+def _(dout, q, k, v, S, z, feature_map, eps, impl, chunk, use_kernel, needs):
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) if need else x.new_empty(0)
+                 for x, need in zip((q, k, v), needs))
+
+
+def eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bool]):
+    """(dq, dk, dv) of the naive formula at (q, k, v) for ``dout``, recorded for a further backward
+    (None where ``needs`` is False). Called from backward with grad mode on."""
+    q, k, v = (x.view_as(x) for x in (q, k, v))  # one node per role: q, k, v may be one tensor (self-attention)
+    out = naive_linear_attention(q, k, v, feature_map, eps)
+    wanted = [x for x, need in zip((q, k, v), needs) if need]
+    found = iter(torch.autograd.grad(out, wanted, dout, create_graph=True, allow_unused=True))
+    return tuple(next(found) if need else None for need in needs)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    _, S, z = output
+    ctx.mark_non_differentiable(S, z)
+    ctx.save_for_backward(q, k, v, S, z)  # the inputs and the state: features are recomputed
+    ctx.options = options  # feature_map, eps, impl, chunk, use_kernel
+
+
+def _backward(ctx, dout, _dS, _dz):
+    q, k, v, S, z = ctx.saved_tensors
+    needs = list(ctx.needs_input_grad[:3])
+    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+        grads = eager_grads(q, k, v, dout, *ctx.options[:2], needs)
+    else:
+        found = linear_attention_backward_op(dout, q, k, v, S, z, *ctx.options, needs)
+        grads = tuple(g if need else None for g, need in zip(found, needs))
+    return (*grads, *[None] * len(ctx.options))
+
+
+linear_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _LinearAttentionFn(torch.autograd.Function):
+    """The op with the same autograd formula as a Function: torch.func (grad, vjp, vmap of them) takes
+    Functions with ``setup_context``, not a custom op's registered autograd."""
+
+    generate_vmap_rule = True  # from the ops' vmap rules
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
+
+    @staticmethod
+    def forward(q, k, v, feature_map, eps, impl, chunk, use_kernel):
+        return linear_attention_op(q, k, v, feature_map, eps, impl, chunk, use_kernel)
+
+
+def fused_linear(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: float, impl: str,
+                 chunk: Optional[int] = None, use_kernel: Optional[bool] = None) -> Tensor:
+    """The output of ``vitzoo::linear_attention`` with autograd for every front end (autograd, torch.func,
+    torch.compile, torch.export)."""
+    return _LinearAttentionFn.apply(q, k, v, feature_map, eps, impl, chunk, use_kernel)[0]
+
+
+def _folding_vmap(num_tensors: int):
+    """A vmap rule: the first ``num_tensors`` arguments, (V, B, ...) or unmapped, run as one (V*B, ...) call;
+    outputs come back mapped on dim 0 (the backward's empty placeholders unmapped)."""
+    op = linear_attention_op if num_tensors == 3 else linear_attention_backward_op
+
+    def rule(info, in_dims, *args):
+        def fold(x, dim):
+            x = x.movedim(dim, 0) if dim is not None else x.expand(info.batch_size, *x.shape)
+            return x.flatten(0, 1)
+
+        tensors = [fold(x, dim) for x, dim in zip(args[:num_tensors], in_dims)]
+        outputs = op(*tensors, *args[num_tensors:])
+        mapped = args[-1] if op is linear_attention_backward_op else (True,) * 3
+        return (tuple(t.unflatten(0, (info.batch_size, -1)) if m else t for t, m in zip(outputs, mapped)),
+                tuple(0 if m else None for m in mapped))
+
+    return rule
+
+
+torch.library.register_vmap(linear_attention_op, _folding_vmap(3))
+torch.library.register_vmap(linear_attention_backward_op, _folding_vmap(6))
