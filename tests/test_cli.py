@@ -16,7 +16,7 @@ def _run(*args):
 def test_help_lists_the_presets_of_each_script():
     train = _run("train.py", "--help").stdout.split("== Config")[0]  # the presets, not the config dump
     assert "  model: nonlocal_resnet_linear," in train and "vit_linear*" in train and "  data: " in train
-    assert "model/base" not in train and "robustness" not in train and "hydra" not in train
+    assert "model/base" not in train and "robustness" not in train and "  hydra:" not in train
     evaluate = _run("eval.py", "--help").stdout.split("== Config")[0]
     assert "  robustness: clean, default*, zoo" in evaluate and "  model:" not in evaluate
 
