@@ -98,7 +98,7 @@ _PINNED = textwrap.dedent("""
     from vitzoo.data import SyntheticDataModule
     from vitzoo.training.threads import size_thread_pools
     print("threads", size_thread_pools(), torch.get_num_threads())
-    print("workers", SyntheticDataModule(num_workers="auto").num_workers, SyntheticDataModule(num_workers=4).num_workers)
+    print("workers", *(SyntheticDataModule(num_workers=n).num_workers for n in ("auto", 4)))
 """)
 
 

@@ -124,6 +124,19 @@ def _check_resume(checkpoint: Dict[str, Any], module: L.LightningModule, ckpt_pa
                          f"data= options it was trained with{again}")
 
 
+def _build_trainer(cfg: DictConfig) -> L.Trainer:
+    """``cfg.trainer`` with every callback and logger of the config, hyperparameters logged. Off a terminal
+    the progress bar gives way to EpochLog's lines (unless ``trainer.enable_progress_bar`` is set)."""
+    callbacks, bar = _instantiate_all(cfg.get("callbacks")), {}
+    if not console_is_terminal() and cfg.trainer.get("enable_progress_bar") is None:
+        callbacks, bar = [c for c in callbacks if not isinstance(c, ProgressBar)], {"enable_progress_bar": False}
+    trainer = instantiate_config(cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")) or False,
+                                 **bar)
+    for logger in trainer.loggers:
+        logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
+    return trainer
+
+
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Fit ``cfg`` (resuming from ``cfg.ckpt_path`` when set); returns the final metrics.
 
@@ -147,16 +160,9 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     run_dir = Path(cfg.paths.output_dir)
     log.info(opening_line(run_dir, module, checkpoint, ckpt_path, threads, cfg.get("seed")))
     del checkpoint
-    loggers = _instantiate_all(cfg.get("logger"))
-    callbacks = _instantiate_all(cfg.get("callbacks"))
-    bar = {}
-    if not console_is_terminal():  # a progress bar only redraws on a terminal; in a log file: EpochLog lines
-        callbacks, bar = [c for c in callbacks if not isinstance(c, ProgressBar)], {"enable_progress_bar": False}
-    trainer = instantiate_config(cfg.trainer, callbacks=callbacks, logger=loggers or False, **bar)
-    for logger in trainer.loggers:
-        logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
+    trainer = _build_trainer(cfg)
     with warnings.catch_warnings():
-        if ckpt_path and Path(ckpt_path).resolve().is_relative_to(run_dir.resolve()):  # continuing in place
+        if ckpt_path:  # resuming: in place, the checkpoint folder is the run's own (elsewhere it starts empty)
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
