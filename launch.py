@@ -77,9 +77,10 @@ def _one_line(err: Exception) -> str:
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, option = err.missing_cfg_file.rpartition("/")
         return f"{group}={option} is not a preset; choose one of: {', '.join(err.options)}"
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    # "Could not override 'x'." is followed by the fix ("To append to your config use +x=..."); keep both
-    return " ".join(lines[:2]) if len(lines) > 1 and lines[1].startswith("To ") else (lines[0] if lines else repr(err))
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [repr(err)]
+    if len(lines) > 1 and lines[1].startswith("To "):  # "Could not override 'x'." and its fix; then OmegaConf's internals
+        lines = lines[:2]
+    return " ".join(lines)
 
 
 @contextmanager
