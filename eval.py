@@ -3,13 +3,17 @@ mapping) -> clean accuracy, input corruptions, attention-logit noise and resolut
 import hydra
 from omegaconf import DictConfig
 
-from vitzoo.robustness.run import evaluate_checkpoints
-from vitzoo.training import user_errors
-from vitzoo.training.allocator import retain_freed_memory
+from launch import launch
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
+    from vitzoo.robustness.run import evaluate_checkpoints  # torch, timm, Lightning: after the command line is parsed
+    from vitzoo.training import user_errors
+    from vitzoo.training.allocator import retain_freed_memory
+    from vitzoo.training.threads import size_thread_pools
+
+    size_thread_pools()
     if cfg.retain_freed_memory:
         retain_freed_memory()
     with user_errors():
@@ -19,4 +23,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main)

@@ -4,15 +4,17 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from vitzoo.training import train, user_errors
+from launch import launch
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
+    from vitzoo.training import train, user_errors  # torch, timm, Lightning: after the command line is parsed
+
     with user_errors():
         metrics = train(cfg)
     return metrics.get(cfg.get("optimized_metric"))
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, resume=True)

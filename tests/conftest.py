@@ -17,7 +17,7 @@ FAST_DATA = ["data=synthetic", "data.img_size=16", "data.num_train=64", "data.nu
 FAST_VIT = ["++model.kwargs.depth=1", "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"]
 FAST_RESNET = ["++model.kwargs.channels=[16,32,64,128]", "++model.kwargs.stem_width=16"]
 QUIET = ["callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
-         "+trainer.enable_model_summary=false", "trainer.accelerator=cpu", "trainer.log_every_n_steps=1"]
+         "trainer.enable_model_summary=false", "trainer.accelerator=cpu", "trainer.log_every_n_steps=1"]
 
 
 def compose_config(output_dir: Path, overrides: Sequence[str] = (), name: str = "train") -> DictConfig:

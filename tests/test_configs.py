@@ -122,7 +122,7 @@ def test_missing_data_dir_names_the_fix(tmp_path):
 def test_corrupted_resume_checkpoint_names_the_fix(tmp_path):
     bad = tmp_path / "last.ckpt"
     bad.write_bytes(b"\x00" * 64)
-    with pytest.raises(ValueError, match="not a readable checkpoint.*point ckpt_path at"):
+    with pytest.raises(ValueError, match="is not readable.*use another .ckpt"):
         train(compose_config(tmp_path, [f"ckpt_path={bad}", *QUIET]))
     with pytest.raises(ValueError, match="is a folder; pass one checkpoint file in it: last.ckpt"):
         train(compose_config(tmp_path, [f"ckpt_path={tmp_path}", *QUIET]))

@@ -157,6 +157,25 @@ def test_cli_writes_an_export_and_reports_bad_checkpoints(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_cli_keeps_an_existing_export_unless_forced(tmp_path, capsys):
+    ckpt, out = _checkpoint(tmp_path / "a.ckpt"), tmp_path / "out"
+    assert export_cli([str(ckpt), str(out)]) == 0
+    weights = (out / WEIGHTS_NAME).read_bytes()
+    assert (out / WEIGHTS_NAME).stat().st_mode & 0o777 == (out / "config.json").stat().st_mode & 0o777
+    assert export_cli([str(ckpt), str(out), "--no-head"]) == 2
+    assert f"error: {out} is not empty; pass another folder, or --force" in capsys.readouterr().err
+    assert (out / WEIGHTS_NAME).read_bytes() == weights
+    assert export_cli([str(ckpt), str(out), "--no-head", "--force"]) == 0
+    assert load_exported(out).num_classes == 0
+
+    assert export_cli([str(ckpt), str(ckpt)]) == 2  # OUT is a file
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {ckpt} is a file; the export is a folder (model.safetensors + config.json): pass a "
+                   f"folder path"]
+    assert export_cli([str(tmp_path / "missing.ckpt"), str(tmp_path / "x")]) == 2
+    assert "ckpt_path" not in capsys.readouterr().err  # the CLI takes the checkpoint as an argument, not a key
+
+
 def test_training_run_exports_its_best_checkpoint(tmp_path, fast_overrides):
     cfg = compose_config(tmp_path, [*fast_overrides, "model=vit_softmax", "trainer.max_epochs=2",
                                     "callbacks.export_best.head=false"])  # on by default
@@ -181,7 +200,7 @@ def test_checkpoint_with_pickled_code_is_refused_not_run(tmp_path):
     ckpt = tmp_path / "evil.ckpt"
     with open(ckpt, "wb") as f:
         pickle.dump({"state_dict": {}, "hyper_parameters": _Payload(str(marker))}, f, protocol=2)
-    with pytest.raises(ValueError, match="not a readable checkpoint"):
+    with pytest.raises(ValueError, match="is not readable"):
         export_checkpoint(ckpt, tmp_path / "out")
     assert not marker.exists()
 

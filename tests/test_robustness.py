@@ -245,6 +245,9 @@ def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
         evaluate(f"ckpt_path={ckpt}", "robustness.baseline=nothing")
     with pytest.raises(ValueError, match="has 10 classes but the data has 3; pass the data"):
         evaluate(f"ckpt_path={ckpt}", "data=synthetic", "data.num_classes=3")
+    with pytest.raises(ValueError, match=r"data.img_size=32, but each checkpoint is evaluated at the size it was "
+                                         r"trained at: .*last.ckpt \(16 px\); drop data.img_size.*robustness.resolutions"):
+        evaluate(f"ckpt_path={ckpt}", "data.img_size=32")
     with pytest.raises(ValueError, match=r"resolutions=\[1.0, 1.1\] give the sizes \[16, 16\] px .*drop"):
         evaluate(f"ckpt_path={ckpt}", "robustness.resolutions=[1.0,1.1]")
     # A checkpoint whose weights belong to another architecture than the one it names.

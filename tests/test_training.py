@@ -180,4 +180,4 @@ def test_cli_errors_are_one_line_naming_the_fix(tmp_path):
     proc = _run(["eval.py", f"ckpt_path={bad}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "point ckpt_path at" in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "use another .ckpt" in lines[0], proc.stderr

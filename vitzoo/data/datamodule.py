@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .transforms import build_eval_transform, build_train_transform, seed_worker
+from .workers import resolve_num_workers
 
 __all__ = ["ImageDataset", "ImageDataModule", "read_rgb"]
 
@@ -49,18 +50,20 @@ class ImageDataModule(L.LightningDataModule):
 
     ``batch_size`` is per device (per process under DDP). ``aug`` holds the keyword arguments
     of :func:`~vitzoo.data.transforms.build_train_transform` (policy, crop_padding, hflip,
-    gauss_noise, gauss_noise_p). ``test_dataloader`` serves the val split.
+    gauss_noise, gauss_noise_p). ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
+    :func:`~vitzoo.data.workers.resolve_num_workers`). ``test_dataloader`` serves the val split.
     """
 
     num_classes: int
     in_chans: int = 3
 
-    def __init__(self, img_size: int, batch_size: int = 128, num_workers: int = 0,
+    def __init__(self, img_size: int, batch_size: int = 128, num_workers: Union[int, str] = "auto",
                  mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                  aug: Optional[Mapping[str, Any]] = None, eval_batch_size: Optional[int] = None,
                  pin_memory: bool = False):
         super().__init__()
-        self.img_size, self.batch_size, self.num_workers = int(img_size), int(batch_size), int(num_workers)
+        self.img_size, self.batch_size = int(img_size), int(batch_size)
+        self.num_workers = resolve_num_workers(num_workers)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.aug = dict(aug or {})

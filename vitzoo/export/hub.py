@@ -8,6 +8,7 @@ mean/std, interpolation). A ``vitzoo`` entry adds the weights' SHA-256 so corrup
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
@@ -44,10 +45,14 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
         model = copy.deepcopy(model)
         model.reset_classifier(0)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; the export is a folder (model.safetensors + config.json): pass a "
+                         f"folder path")
     out.mkdir(parents=True, exist_ok=True)
     weights = out / WEIGHTS_NAME
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(weights),
               metadata={"format": "pt"})
+    _chmod_like_a_new_file(weights)
     info = {"version": vitzoo.__version__, "weights_sha256": file_sha256(weights)}
     save_config_for_hf(model, str(out / CONFIG_NAME), model_config={"vitzoo": info},
                        model_args=_pinned_args(model), data_config=dict(data_config or {}))
@@ -76,3 +81,10 @@ def load_exported(export_dir: Union[str, Path], **kwargs) -> nn.Module:
     """
     check_export(export_dir)
     return timm.create_model(f"local-dir:{Path(export_dir).resolve()}", pretrained=True, **kwargs)
+
+
+def _chmod_like_a_new_file(path: Path) -> None:
+    """safetensors writes through a private (0600) file; give it the mode any new file gets (0644 under umask 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)

@@ -120,13 +120,26 @@ def _warn_if_trained_on_other_data(path: str, data: DictConfig) -> None:
                     "trained with to evaluate it on its own data", path, _data_identity(trained), _data_identity(data))
 
 
+def _check_img_size(img_size: Optional[int], entries: List[Entry], loaded: List[Tuple[Any, dict]]) -> None:
+    """``data.img_size`` given to eval.py must be every checkpoint's own size: the checkpoint fixes it."""
+    if img_size is None:
+        return
+    other = [f"{path} ({hp['img_size']} px)" for (_, path), (_, hp) in zip(entries, loaded)
+             if hp["img_size"] != img_size]
+    if other:
+        raise ValueError(f"data.img_size={img_size}, but each checkpoint is evaluated at the size it was trained at: "
+                         f"{', '.join(other)}; drop data.img_size, and measure other sizes with "
+                         f"robustness.resolutions=[1.5,2.0] (factors of the training size)")
+
+
 def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
     rob = cfg.robustness
     sweep = Sweep(**{k: OmegaConf.to_object(rob[k]) if OmegaConf.is_config(rob[k]) else rob[k] for k in SWEEP_KEYS})
     entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), rob.get("baseline"))
-    num_classes = instantiate_config(cfg.data).num_classes
     loaded = [load_classifier(path) for _, path in entries]  # every checkpoint checked before the first pass
+    _check_img_size(cfg.data.get("img_size"), entries, loaded)
+    num_classes = instantiate_config(cfg.data, img_size=loaded[0][1]["img_size"]).num_classes
     for (_, path), (_, hp) in zip(entries, loaded):
         if hp["num_classes"] != num_classes:
             raise ValueError(f"{path} has {hp['num_classes']} classes but the data has {num_classes}; "

@@ -22,10 +22,10 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     path = os.fspath(path)
     if os.path.isdir(path):
         found = sorted(p.name for p in Path(path).glob("*.ckpt"))
-        raise ValueError(f"ckpt_path={path!r} is a folder; pass one checkpoint file"
+        raise ValueError(f"checkpoint {path!r} is a folder; pass one checkpoint file"
                          + (f" in it: {', '.join(found[:5])}" if found else ", e.g. <run>/checkpoints/last.ckpt"))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"ckpt_path={path!r} does not exist; pass a .ckpt written by train.py, "
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass a .ckpt written by train.py, "
                                 f"e.g. logs/train/runs/<date>/checkpoints/last.ckpt")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -35,10 +35,10 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
         else:  # a real archive holding something other than tensors and plain values, or damaged inside
             reason = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line),
                           f"{type(err).__name__}")
-        raise ValueError(f"ckpt_path={path!r} is not a readable checkpoint ({reason}); the file is corrupted or "
-                         f"not a torch checkpoint: point ckpt_path at another .ckpt written by train.py") from None
+        raise ValueError(f"checkpoint {path!r} is not readable ({reason}); the file is corrupted or not a torch "
+                         f"checkpoint: use another .ckpt written by train.py") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ValueError(f"ckpt_path={path!r} holds no 'state_dict'; pass a Lightning .ckpt written by train.py")
+        raise ValueError(f"checkpoint {path!r} holds no 'state_dict'; pass a Lightning .ckpt written by train.py")
     return checkpoint
 
 
@@ -58,7 +58,7 @@ def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     missing = [k for k in _REQUIRED if k not in hparams]
     if missing:
-        raise ValueError(f"ckpt_path={os.fspath(path)!r} lacks hyperparameters {missing}; it was not written by "
+        raise ValueError(f"checkpoint {os.fspath(path)!r} lacks hyperparameters {missing}; it was not written by "
                          f"vitzoo's train.py")
     prefix = "model."
     state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
@@ -69,7 +69,7 @@ def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = lines[1] if len(lines) > 1 and type(err) is RuntimeError else lines[0] if lines else type(err).__name__
         detail = detail.split("; ")[0]  # the cause, not the fix meant for a config
-        raise ValueError(f"ckpt_path={os.fspath(path)!r}: its weights do not fit the architecture it names "
+        raise ValueError(f"checkpoint {os.fspath(path)!r}: its weights do not fit the architecture it names "
                          f"({hparams['arch']}, attention {hparams['attention']}): {detail[:200]}; the checkpoint was "
                          f"edited or mixes two models, use the .ckpt train.py wrote for that run") from None
     return model.eval(), hparams

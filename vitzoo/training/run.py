@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
+import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -13,16 +16,21 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from .callbacks import AttentionEntropy
+from .console import quiet_lightning
 from .evaluate import read_checkpoint, run_record
 from .module import ImageClassifier
+from .progress import closing_summary, console_is_terminal, opening_line
+from .threads import size_thread_pools
 
 __all__ = ["train", "build_classifier", "user_errors", "instantiate_config", "write_json"]
 
 USER_ERRORS = (ValueError, FileNotFoundError)
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -116,6 +124,19 @@ def _check_resume(checkpoint: Dict[str, Any], module: L.LightningModule, ckpt_pa
                          f"data= options it was trained with{again}")
 
 
+def _build_trainer(cfg: DictConfig) -> L.Trainer:
+    """``cfg.trainer`` with every callback and logger of the config, hyperparameters logged. Off a terminal
+    the progress bar gives way to EpochLog's lines (unless ``trainer.enable_progress_bar`` is set)."""
+    callbacks, bar = _instantiate_all(cfg.get("callbacks")), {}
+    if not console_is_terminal() and cfg.trainer.get("enable_progress_bar") is None:
+        callbacks, bar = [c for c in callbacks if not isinstance(c, ProgressBar)], {"enable_progress_bar": False}
+    trainer = instantiate_config(cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")) or False,
+                                 **bar)
+    for logger in trainer.loggers:
+        logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
+    return trainer
+
+
 def train(cfg: DictConfig) -> Dict[str, Any]:
     """Fit ``cfg`` (resuming from ``cfg.ckpt_path`` when set); returns the final metrics.
 
@@ -125,29 +146,36 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     Writes ``metrics.json`` (last val metrics, best checkpoint, attention entropy at init) to
     ``cfg.paths.output_dir``.
     """
+    started = time.monotonic()
+    quiet_lightning()
+    threads = size_thread_pools()
     if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path = cfg.get("ckpt_path")
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None  # clear errors before Lightning's
     datamodule = instantiate_config(cfg.data)
     module = instantiate_config(cfg.module) if "_target_" in cfg.module else build_classifier(cfg, datamodule)
     if checkpoint is not None:
         _check_resume(checkpoint, module, ckpt_path)
-        del checkpoint
-    loggers = _instantiate_all(cfg.get("logger"))
-    trainer = instantiate_config(cfg.trainer, callbacks=_instantiate_all(cfg.get("callbacks")), logger=loggers or False)
-    for logger in trainer.loggers:
-        logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    run_dir = Path(cfg.paths.output_dir)
+    log.info(opening_line(run_dir, module, checkpoint, ckpt_path, threads, cfg.get("seed")))
+    del checkpoint
+    trainer = _build_trainer(cfg)
+    with warnings.catch_warnings():
+        if ckpt_path:  # resuming: in place, the checkpoint folder is the run's own (elsewhere it starts empty)
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
     metrics: Dict[str, Any] = _floats(trainer.callback_metrics)
     metrics.update(global_step=trainer.global_step, epoch=trainer.current_epoch)
     for callback in trainer.callbacks:
         if isinstance(callback, AttentionEntropy):
             metrics.update({f"entropy_init/{name}": value for name, value in callback.initial.items()})
-    checkpoint = trainer.checkpoint_callback
-    if checkpoint is not None and checkpoint.best_model_path:
-        metrics.update(best_ckpt=checkpoint.best_model_path, best_score=float(checkpoint.best_model_score))
+    best = trainer.checkpoint_callback
+    if best is not None and best.best_model_path:
+        metrics.update(best_ckpt=best.best_model_path, best_score=float(best.best_model_score))
     if trainer.is_global_zero:
-        write_json(Path(cfg.paths.output_dir) / "metrics.json", metrics)
+        write_json(run_dir / "metrics.json", metrics)
+        log.info(closing_summary(trainer, run_dir, time.monotonic() - started))
     return metrics
+

@@ -1,0 +1,114 @@
+"""train.py as a log file sees it: per-epoch lines and a closing sentence, resuming in the run's own
+directory, thread pools sized from the CPUs the process may use."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import FAST_DATA, FAST_VIT, ROOT
+from vitzoo.training import read_checkpoint
+
+RUN = [*FAST_DATA, *FAST_VIT, "model=vit_softmax", "trainer.accelerator=cpu", "trainer.log_every_n_steps=1",
+       "callbacks.attention_entropy=null"]  # 64 images, batch 16: 4 steps per epoch
+NOISE = ("GPU available", "TPU available", "Tip:", "FLOPs", "LeafSpec", "Trainer.fit` stopped", "INFO: ")
+
+
+def _train(args, log_file: Path, cwd: Path) -> str:
+    """train.py with stdout and stderr in ``log_file`` (not a terminal), as under nohup or SLURM."""
+    with open(log_file, "w") as out:
+        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *RUN, *args], cwd=cwd, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=600)
+    text = log_file.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """Two epochs into ``run/``, started from ``cwd`` (where a new run directory would appear under logs/)."""
+    root = tmp_path_factory.mktemp("runs")
+    run = root / "run"
+    text = _train(["trainer.max_epochs=2", f"hydra.run.dir={run}"], root / "first.out", cwd=root)
+    return root, run, text
+
+
+def test_a_redirected_run_logs_every_epoch_and_a_closing_sentence(first_run):
+    _, run, text = first_run
+    assert f"run directory {run}: vit_cifar (softmax attention)" in text
+    epochs = re.findall(r"epoch (\d)/1 step (\d+) \| train/acc1 \S+ train/acc5 \S+ train/loss \S+ val/acc1 \S+ "
+                        r"val/acc5 \S+ val/loss \S+ \| \d+ img/s \| elapsed \d:\d\d:\d\d ETA \d:\d\d:\d\d", text)
+    assert epochs == [("0", "4"), ("1", "8")], text
+    closing = re.search(r"finished 2 epoch\(s\), step 8, in \S+; best val/acc1 (\S+) at epoch (\d) "
+                        r"\(checkpoints/best-epoch00(\d).ckpt\); last checkpoint checkpoints/last.ckpt; "
+                        r"export export; all in (\S+)", text)
+    assert closing and closing[2] == closing[3] and closing[4] == str(run), text
+    assert not [line for line in text.splitlines() if any(n in line for n in NOISE)], text
+    log = (run / "train.log").read_text()  # the same lines reach the run's log file
+    assert "epoch 1/1 step 8 |" in log and "finished 2 epoch(s)" in log
+
+
+def _steps(event_file: Path, tag: str):
+    events = EventAccumulator(str(event_file), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def test_resuming_from_last_ckpt_continues_in_the_same_run_dir(first_run):
+    root, run, _ = first_run
+    text = _train(["trainer.max_epochs=3", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"],
+                  root / "resumed.out", cwd=root)
+    assert not (root / "logs").exists(), "the resumed run opened a new run directory"
+    assert "continuing this run from" in text and "won't be reloaded" not in text, text
+    assert json.loads((run / "metrics.json").read_text())["global_step"] == 12
+    log = (run / "train.log").read_text()
+    assert "finished 2 epoch(s)" in log and "finished 3 epoch(s)" in log  # appended, not replaced
+
+    # TensorBoard: the second event file continues the first one's curves, step after step.
+    first, second = sorted((run / "tensorboard").glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+    loss = [step for step, _ in _steps(first, "train/loss_step") + _steps(second, "train/loss_step")]
+    assert loss == list(range(12))
+    val = _steps(first, "val/acc1") + _steps(second, "val/acc1")
+    assert len(val) == 3 and val[1][0] < val[2][0]
+
+    # Best-k tracking survived: the best checkpoint is the first epoch with the highest val/acc1 over all 3
+    # (ties keep the earlier one; a run that forgot the first two epochs would pick epoch 2).
+    scores = [value for _, value in val]
+    best = scores.index(max(scores))
+    assert sorted(p.name for p in (run / "checkpoints").glob("best-*.ckpt")) == [f"best-epoch{best:03d}.ckpt"]
+    assert read_checkpoint(run / "checkpoints" / f"best-epoch{best:03d}.ckpt")["epoch"] == best
+
+    # The run's own .hydra/ still says how it was started; this start's config sits beside it.
+    assert "ckpt_path" not in (run / ".hydra" / "overrides.yaml").read_text()
+    assert any("ckpt_path" in p.read_text() for p in (run / ".hydra").glob("resume-*/overrides.yaml"))
+
+
+_PINNED = textwrap.dedent("""
+    import logging, os, sys
+    import torch
+    logging.basicConfig(stream=sys.stdout, format="%(message)s")
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # torch is loaded: its pool was sized before this
+    from vitzoo.data import SyntheticDataModule
+    from vitzoo.training.threads import size_thread_pools
+    print("threads", size_thread_pools(), torch.get_num_threads())
+    print("workers", *(SyntheticDataModule(num_workers=n).num_workers for n in ("auto", 4)))
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_pools_follow_a_one_core_affinity():
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", _PINNED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "threads 1 1" in lines and "workers 0 4" in lines, proc.stdout
+    assert any(line.startswith("num_workers=4 but this process may use 1 CPU(s); set num_workers=auto (= 0)")
+               for line in lines), proc.stdout

@@ -1,0 +1,137 @@
+"""Progress for runs that live in a log file: one plain line per epoch, and the run's closing sentence.
+
+Lines go through ``logging`` (to the console and ``<run dir>/train.log`` under train.py), so nohup,
+SLURM and CI logs show how a run is doing while it runs, not only when it ends.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import lightning as L
+import torch
+
+__all__ = ["EpochLog", "console_is_terminal", "opening_line", "closing_summary"]
+
+log = logging.getLogger(__name__)
+WHEN = ("auto", "always", "never")
+
+
+def console_is_terminal() -> bool:
+    """Whether stdout is a terminal (a progress bar can redraw there; a log file needs plain lines)."""
+    return sys.stdout.isatty()
+
+
+def _duration(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
+def _batch_size(batch: Any) -> int:
+    while isinstance(batch, (list, tuple, dict)) and len(batch):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 0
+
+
+def _epoch_metrics(metrics: Dict[str, torch.Tensor]) -> str:
+    """``train/...`` epoch means and ``val/...`` values, in that order, 4 significant digits."""
+    shown = {}
+    for name in sorted(metrics, key=lambda n: (not n.startswith("train/"), n)):
+        if name.startswith(("train/", "val/")) and not name.endswith("_step"):
+            shown[name.removesuffix("_epoch")] = float(metrics[name])
+    return " ".join(f"{name} {value:.4g}" for name, value in shown.items())
+
+
+class EpochLog(L.Callback):
+    """After every training epoch (validation included) log ``epoch E/last step S | metrics | img/s |
+    elapsed, ETA`` (img/s: training images over the epoch's wall time, validation included).
+
+    ``when``: ``auto`` (when stdout is not a terminal; train.py turns the progress bar off there),
+    ``always`` or ``never``.
+    """
+
+    def __init__(self, when: str = "auto"):
+        if when not in WHEN:
+            raise ValueError(f"callbacks.epoch_log.when={when!r}; choose one of {list(WHEN)}")
+        self.when = when
+        self._fit_start = self._epoch_start = 0.0
+        self._first_epoch, self._images = 0, 0
+
+    @property
+    def active(self) -> bool:
+        return self.when == "always" or (self.when == "auto" and not console_is_terminal())
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start, self._first_epoch = time.monotonic(), trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start, self._images = time.monotonic(), 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._images += _batch_size(batch)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not (self.active and trainer.is_global_zero):
+            return
+        now, epoch = time.monotonic(), trainer.current_epoch
+        elapsed = now - self._fit_start
+        timing = f"{self._images * trainer.world_size / max(now - self._epoch_start, 1e-9):.0f} img/s | " \
+                 f"elapsed {_duration(elapsed)}"
+        if trainer.max_epochs and trainer.max_epochs > 0:
+            last = trainer.max_epochs - 1
+            timing += f" ETA {_duration(elapsed / (epoch - self._first_epoch + 1) * (last - epoch))}"
+            epoch_text = f"epoch {epoch}/{last}"
+        else:
+            epoch_text = f"epoch {epoch}"
+        log.info("%s step %d | %s | %s", epoch_text, trainer.global_step, _epoch_metrics(trainer.callback_metrics),
+                 timing)
+
+
+def opening_line(run_dir: Path, module: L.LightningModule, checkpoint: Optional[Dict[str, Any]],
+                 ckpt_path: Optional[str], threads: int, seed: Any) -> str:
+    """The run's opening line: where it writes, what it trains, from where it resumes."""
+    params = sum(p.numel() for p in module.parameters())
+    what = module.hparams.get("arch", type(module).__name__)
+    attention = module.hparams.get("attention")
+    if attention is not None:
+        what += f" ({attention if isinstance(attention, str) else attention.get('name')} attention)"
+    line = (f"run directory {run_dir.resolve()}: {what}, {params / 1e6:.2f}M parameters, {threads} CPU thread(s), "
+            f"seed {seed}")
+    if checkpoint is not None:
+        place = "continuing this run" if Path(ckpt_path).resolve().is_relative_to(run_dir.resolve()) else "resuming"
+        line += f"; {place} from {ckpt_path} (epoch {checkpoint.get('epoch')}, step {checkpoint.get('global_step')})"
+    return line
+
+
+def _best_epoch(path: str) -> Optional[int]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("epoch")
+    except Exception:  # the summary names the file either way
+        return None
+
+
+def closing_summary(trainer: L.Trainer, run_dir: Path, seconds: float) -> str:
+    """One sentence: the best monitored value and its epoch, the checkpoint and export paths (relative to
+    ``run_dir``), the time taken."""
+    def rel(path: Any) -> str:
+        path = Path(path).resolve()
+        return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+
+    run_dir = run_dir.resolve()
+    parts = [f"finished {trainer.current_epoch} epoch(s), step {trainer.global_step}, in {_duration(seconds)}"]
+    best = trainer.checkpoint_callback
+    if best is not None and best.best_model_path:
+        epoch = _best_epoch(best.best_model_path)
+        at = f" at epoch {epoch}" if epoch is not None else ""
+        parts.append(f"best {best.monitor} {float(best.best_model_score):.4g}{at} ({rel(best.best_model_path)})")
+    written = [p for c in trainer.checkpoint_callbacks for p in (c.last_model_path, c.best_model_path) if p]
+    last = next((p for p in written if Path(p).name == "last.ckpt"), None)
+    if last:
+        parts.append(f"last checkpoint {rel(last)}")
+    export = next((c.export_dir for c in trainer.callbacks if getattr(c, "export_dir", None)), None)
+    if export is not None:
+        parts.append(f"export {rel(export)}")
+    return "; ".join(parts) + f"; all in {run_dir}"
