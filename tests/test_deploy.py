@@ -1,8 +1,10 @@
 """Leaving eager PyTorch: exporters and compilers carry the same model, for every registered mechanism.
 
 Each mechanism in both backbones (a one-block ViT and the non-local ResNet with small channels) goes
-through both ONNX exporters (run in onnxruntime), torch.export and torch.compile(fullgraph=True,
-backend="eager"); logits must match eager PyTorch within 1e-4.
+through the legacy ONNX exporter (run in onnxruntime), torch.export and torch.compile(fullgraph=True,
+backend="eager"); logits must match eager PyTorch within 1e-4. The dynamo ONNX exporter (torch.export, checked
+here for every case, then a translation to ONNX, the slowest step) takes every mechanism in the ViT and, in the
+ResNet, linear attention: its non-local block around the fused op; the attention classes are the ViT's.
 """
 from __future__ import annotations
 
@@ -56,9 +58,12 @@ def assert_logits(got, expected):
     assert err < ATOL, f"max abs logit error {err:.2e} >= {ATOL}"
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy", "dynamo"])
-@pytest.mark.parametrize("backbone", BACKBONES)
-@pytest.mark.parametrize("attention", vitzoo.list_attentions())
+ONNX_CASES = [(attention, backbone, dynamo) for attention in vitzoo.list_attentions() for backbone in BACKBONES
+              for dynamo in (False, True) if not dynamo or backbone == "vit" or attention == "linear"]
+
+
+@pytest.mark.parametrize("attention, backbone, dynamo", ONNX_CASES,
+                         ids=[f"{a}-{b}-{'dynamo' if d else 'legacy'}" for a, b, d in ONNX_CASES])
 def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo):
     """Both exporters; the model runs in onnxruntime at another batch size than it was exported with."""
     model, x, other = build(backbone, attention), inputs(2), inputs(3)
