@@ -9,7 +9,9 @@ medians and the two ratios the targets are stated in:
     CPU ratio = CPU time next to the neighbour / CPU time alone  (> 1: threads burn cycles waiting)
 
 Wait settings: ``passive`` is what train.py does unless told otherwise (OMP_WAIT_POLICY=PASSIVE, see
-launch.py); ``spin`` is libgomp's own default (GOMP_SPINCOUNT=300000: a waiting thread spins first).
+launch.py); ``spin`` is libgomp's own default (GOMP_SPINCOUNT=300000: a waiting thread spins first);
+``short`` spins 30x less than that before sleeping (``--waits passive,short,spin`` to compare all three).
+The "alone" columns show what each setting costs on a quiet machine.
 
     python benchmarks/busy_neighbour.py                               # vit_softmax, vit_linear; 2 epochs of digits
     python benchmarks/busy_neighbour.py --repeats 3 --csv busy.csv
@@ -28,7 +30,8 @@ from pathlib import Path
 
 from train_run import train_once
 
-WAITS = {"passive": {}, "spin": {"GOMP_SPINCOUNT": "300000"}}  # env on top of one without any wait setting
+WAITS = {"passive": {}, "short": {"GOMP_SPINCOUNT": "10000"},  # env on top of one without any wait setting
+         "spin": {"GOMP_SPINCOUNT": "300000"}}
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
 
