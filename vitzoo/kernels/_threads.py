@@ -33,6 +33,8 @@ class _Pool:
         inference = torch.is_inference_mode_enabled()
 
         def run(item):
+            if torch.get_num_threads() != 1:  # set_num_threads elsewhere in the process can reach the workers
+                torch.set_num_threads(1)
             with torch.inference_mode() if inference else torch.no_grad():
                 return fn(item)
 
