@@ -2,6 +2,7 @@
 the mechanism inside both backbones at twice the training resolution against a float64 reference."""
 import math
 
+import pytest
 import torch
 
 import vitzoo
@@ -16,6 +17,13 @@ def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
     side = math.isqrt(tokens - prefix)
     return build_attention(spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=prefix,
                            grid_size=(side, side), **kwargs)
+
+
+def assert_one_line_error(spec, fix: str, dim: int, num_heads: int, grid_size=(4, 4)) -> None:
+    """Building ``spec`` is a ValueError matching ``fix``, in one line."""
+    with pytest.raises(ValueError, match=fix) as err:
+        build_attention(spec, dim, num_heads=num_heads, grid_size=grid_size)
+    assert "\n" not in str(err.value)
 
 
 def gradcheck_module(m, x, fast_mode: bool = False) -> bool:

@@ -10,7 +10,7 @@ from vitzoo.attention.agent import AgentAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import gradcheck_module
+from mech_checks import assert_one_line_error, gradcheck_module
 
 DIM, HEADS, PREFIX, GRID = 8, 2, 1, (4, 6)  # a non-square grid catches h/w mix-ups
 N = PREFIX + GRID[0] * GRID[1]
@@ -118,9 +118,7 @@ def test_gradcheck():
 def test_bad_options_are_one_line_naming_the_fix(option, fix):
     option = dict(option)
     grid = option.pop("grid_size", (4, 4))
-    with pytest.raises(ValueError, match=fix) as err:
-        build_attention({"name": "agent", **option}, DIM, num_heads=HEADS, grid_size=grid)
-    assert "\n" not in str(err.value)
+    assert_one_line_error({"name": "agent", **option}, fix, DIM, HEADS, grid)
 
 
 def test_masks_are_refused():

@@ -8,7 +8,7 @@ import vitzoo
 from vitzoo.attention import build_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import gradcheck_module
+from mech_checks import backbones, gradcheck_module
 
 DIM, HEADS, PREFIX, GRID, K = 16, 2, 1, (3, 4), 5  # a non-square grid catches h/w mix-ups
 N = PREFIX + GRID[0] * GRID[1]
@@ -114,10 +114,7 @@ def test_state_dict_from_another_grid_is_resampled_on_load():
 
 def test_vit_and_nonlocal_resnet_at_twice_the_resolution():
     spec = {"name": "linformer", "proj_len": 8}
-    vit = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
-                              num_heads=2)
-    resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention=spec, channels=[16, 32, 64, 128], stem_width=16)
-    for model in (vit, resnet):
+    for model in backbones(spec).values():
         for px in (32, 64):
             model.zero_grad()
             out = model(torch.randn(2, 3, px, px))

@@ -6,12 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vitzoo
 from vitzoo.attention import build_attention
 from vitzoo.attention.nystrom import iterative_pinv, nystrom_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import gradcheck_module
+from mech_checks import backbones, gradcheck_module
 
 DIM, HEADS, N = 16, 2, 13  # 13 tokens: 4 landmarks make segments of 4, 3, 3, 3
 HD = DIM // HEADS
@@ -148,10 +147,7 @@ def test_gradcheck():
 # -- backbones and errors ------------------------------------------------------------------------------
 def test_vit_and_nonlocal_resnet_at_twice_the_resolution():
     spec = {"name": "nystrom", "num_landmarks": 4, "conv_kernel": 3}
-    vit = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
-                              num_heads=2)
-    resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention=spec, channels=[16, 32, 64, 128], stem_width=16)
-    for model in (vit, resnet):
+    for model in backbones(spec).values():
         for px in (32, 64):
             model.zero_grad()
             out = model(torch.randn(2, 3, px, px))
