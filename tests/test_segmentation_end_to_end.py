@@ -20,7 +20,7 @@ from vitzoo.segmentation.predict import predict
 from vitzoo.training import train
 
 QUIET = ["callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-         "+trainer.enable_model_summary=false", "trainer.log_every_n_steps=5"]
+         "trainer.enable_model_summary=false", "trainer.log_every_n_steps=5"]
 
 
 def _blobs(rng: np.random.Generator, h: int, w: int):
