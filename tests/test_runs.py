@@ -44,7 +44,7 @@ def test_a_redirected_run_logs_every_epoch_and_a_closing_sentence(first_run):
     _, run, text = first_run
     assert f"run directory {run}: vit_cifar (softmax attention)" in text
     epochs = re.findall(r"epoch (\d)/1 step (\d+) \| train/acc1 \S+ train/acc5 \S+ train/loss \S+ val/acc1 \S+ "
-                        r"val/acc5 \S+ val/loss \S+ \| \d+ img/s \| elapsed \d:\d\d:\d\d ETA \d:\d\d:\d\d", text)
+                        r"val/acc5 \S+ val/loss \S+ \| [\d.]+ img/s \| elapsed \d:\d\d:\d\d ETA \d:\d\d:\d\d", text)
     assert epochs == [("0", "4"), ("1", "8")], text
     closing = re.search(r"finished 2 epoch\(s\), step 8, in \S+; best val/acc1 (\S+) at epoch (\d) "
                         r"\(checkpoints/best-epoch00(\d).ckpt\); last checkpoint checkpoints/last.ckpt; "

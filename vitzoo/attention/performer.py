@@ -6,6 +6,7 @@ it too; the ``performer`` mechanism is linear attention with that map plus the s
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -35,12 +36,14 @@ def performer_features(x: torch.Tensor, weight: torch.Tensor, is_query: bool,
     """phi(x) = exp(W x' - |x'|^2 / 2 - c) / sqrt(m), x' = x sqrt(scale) (scale 1/sqrt(d): x / d^(1/4)).
 
     The stabiliser c is the exponent's max over each query row (q) or one constant over all keys and
-    features of a head (k); both cancel in the attention's ratio.
+    features of a head (k); both cancel in the attention's ratio, so no gradient flows through them
+    (detached: a quarter of the backward's time went into the max's gradient). 1 / sqrt(m) joins c in the
+    exponent, saving a pass over the n x m features.
     """
     x = acc(x) * (x.shape[-1] ** -0.5 if scale is None else scale) ** 0.5
     u = x @ weight.to(x.dtype).T - x.square().sum(dim=-1, keepdim=True) / 2
-    c = u.amax(dim=-1, keepdim=True) if is_query else u.amax(dim=(-2, -1), keepdim=True)
-    return (u - c).exp() * weight.shape[0] ** -0.5
+    c = u.detach().amax(dim=-1, keepdim=True) if is_query else u.detach().amax(dim=(-2, -1), keepdim=True)
+    return (u - (c + 0.5 * math.log(weight.shape[0]))).exp()
 
 
 @register_feature_map("performer")

@@ -70,14 +70,16 @@ def _build() -> Optional[ModuleType]:
     cpp_extension = _import_builder()
     capability = torch.backends.cpu.get_cpu_capability()
     _ensure_ninja_on_path()
-    log.info("vitzoo: loading the CPU linear-attention kernel for %s (built on first use: about a minute, "
-             "once per install)", capability)
+    name = f"vitzoo_linear_attention_cpu_{capability.lower()}_{_install_tag()}"
+    built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+    log.log(logging.DEBUG if built else logging.INFO, "vitzoo: %s the CPU linear-attention kernel for %s%s",
+            "loading" if built else "building", capability, "" if built else " (about a minute, once per install)")
     try:
         compiler = os.environ.get("CXX", "c++")
         if shutil.which(compiler) is None:
             raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
         return cpp_extension.load(
-            name=f"vitzoo_linear_attention_cpu_{capability.lower()}_{_install_tag()}",
+            name=name,
             sources=[str(_SOURCE)],
             extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math", *_ARCH_FLAGS.get(capability, [])],
             extra_ldflags=["-fopenmp"],

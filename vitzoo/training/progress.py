@@ -78,8 +78,9 @@ class EpochLog(L.Callback):
             return
         now, epoch = time.monotonic(), trainer.current_epoch
         elapsed = now - self._fit_start
-        timing = f"{self._images * trainer.world_size / max(now - self._epoch_start, 1e-9):.0f} img/s | " \
-                 f"elapsed {_duration(elapsed)}"
+        rate = self._images * trainer.world_size / max(now - self._epoch_start, 1e-9)
+        timing = f"{rate:.0f} img/s | " if rate >= 100 else f"{rate:.3g} img/s | "  # 251, 12.4, 0.837
+        timing += f"elapsed {_duration(elapsed)}"
         if trainer.max_epochs and trainer.max_epochs > 0:
             last = trainer.max_epochs - 1
             timing += f" ETA {_duration(elapsed / (epoch - self._first_epoch + 1) * (last - epoch))}"
