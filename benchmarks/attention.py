@@ -363,6 +363,12 @@ def write_files(args, times, memory, rate) -> Path:
             w.writerow([args.device.type, str(args.dtype)[6:], args.batch, args.heads, args.head_dim, m, n, mode,
                         f"{t * 1e3:.4f}", "" if peak is None else f"{peak / 2**20:.2f}", f"{floor * 1e3:.4f}",
                         f"{floor / t:.4f}"])
+    plot(stem.with_suffix(".png"), args, times, memory)
+    return stem
+
+
+def plot(path: Path, args, times, memory) -> None:
+    """Time (fwd, fwd+bwd) and peak memory against n, log-log, one colour per mechanism."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -370,22 +376,23 @@ def write_files(args, times, memory, rate) -> Path:
 
     panels = [("fwd", "forward, ms"), ("fwd+bwd", "forward + backward, ms")] + (
         [("mem", "peak memory fwd+bwd, MB")] if memory else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, 4))
+    colours = plt.get_cmap("tab20").colors  # 13+ mechanisms: the default cycle repeats after 10
     for ax, (what, label) in zip(axes, panels):
-        for m in args.mechanisms:
+        for i, m in enumerate(args.mechanisms):
             src = memory if what == "mem" else times
             key_mode = "fwd+bwd" if what == "mem" else what
             pts = [(n, src[(m, n, key_mode)]) for n in args.sizes if (m, n, key_mode) in src]
             if pts:
                 scale = 2 ** -20 if what == "mem" else 1e3
-                ax.plot([p[0] for p in pts], [max(p[1] * scale, 1e-3) for p in pts], marker="o", label=m)
+                ax.plot([p[0] for p in pts], [max(p[1] * scale, 1e-3) for p in pts], marker="os^D"[i % 4],
+                        markersize=4, color=colours[2 * i % 20 + (2 * i // 20) % 2], label=m)
         ax.set(xscale="log", yscale="log", xlabel="tokens n", title=label)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right")
     fig.suptitle(f"{args.device.type}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]}")
-    fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
-    return stem
+    fig.tight_layout(rect=(0, 0, 1 - 2 / (5 * len(panels) + 2), 1))
+    fig.savefig(path, dpi=120)
 
 
 def e2e(args) -> None:
