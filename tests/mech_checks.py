@@ -43,6 +43,18 @@ def backbones(spec):
     return {"vit": vit, "resnet": resnet}
 
 
+def backward_at_both_resolutions(spec):
+    """Each backbone built with ``spec``: a forward (finite logits of the right shape) and a backward at its
+    32 px build size and at 64 px; yields the model after each backward, its gradients in place."""
+    for model in backbones(spec).values():
+        for px in (32, 64):
+            model.zero_grad()
+            out = model(torch.randn(2, 3, px, px))
+            assert out.shape == (2, model.num_classes) and torch.isfinite(out).all()
+            out.square().mean().backward()
+            yield model
+
+
 def check_double_resolution(spec, reference):
     """Both backbones on 64 px inputs (twice their 32 px build): every attention layer sees the doubled grid
     and its output is ``module_out(reference(layer, q, k, v))`` on its recorded input (float64)."""
