@@ -19,10 +19,10 @@ def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
                            grid_size=(side, side), **kwargs)
 
 
-def assert_one_line_error(spec, fix: str, dim: int, num_heads: int, grid_size=(4, 4)) -> None:
-    """Building ``spec`` is a ValueError matching ``fix``, in one line."""
+def assert_one_line_error(spec, fix: str, dim: int, num_heads: int, grid_size=(4, 4), **kwargs) -> None:
+    """Building ``spec`` (with ``kwargs``) is a ValueError matching ``fix``, in one line."""
     with pytest.raises(ValueError, match=fix) as err:
-        build_attention(spec, dim, num_heads=num_heads, grid_size=grid_size)
+        build_attention(spec, dim, num_heads=num_heads, grid_size=grid_size, **kwargs)
     assert "\n" not in str(err.value)
 
 

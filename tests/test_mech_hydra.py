@@ -2,11 +2,10 @@
 import pytest
 import torch
 
-from vitzoo.attention import build_attention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread  # noqa: F401
-from mech_checks import build, check_double_resolution, gradcheck_module
+from mech_checks import assert_one_line_error, build, check_double_resolution, gradcheck_module
 
 
 def channels(t):
@@ -78,9 +77,7 @@ def test_gradcheck():
     ("hydra", dict(attn_drop=0.1), "attn_drop_rate=0"),
 ])
 def test_bad_options_are_one_line_naming_the_fix(spec, kwargs, fix):
-    with pytest.raises(ValueError, match=fix) as err:
-        build_attention(spec, 16, num_heads=2, **kwargs)
-    assert "\n" not in str(err.value)
+    assert_one_line_error(spec, fix, 16, 2, **kwargs)
 
 
 def test_masks_and_causal_calls_are_refused():
