@@ -196,7 +196,8 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
     with FlopCounterMode(display=False) as counter:
         model(x[:1])
     return {"params": params, "flops_per_image": counter.get_total_flops(),
-            "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak, "batch_size": batch_size}
+            "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak, "batch_size": batch_size,
+            "torch": torch.__version__}
 
 
 def profile(runs: List[Run], batch_size: int, steps: int) -> None:
@@ -251,6 +252,7 @@ def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Pa
 # ---------------------------------------------------------------- report
 COLUMNS = ("mechanism", "preset", "seeds", "params", "MFLOPs/img", "train img/s", "peak train MB", "val acc",
            "gauss sev1-5", "logit sigma=1", "2x res", "entropy init", "entropy end", "entropy 2x res")
+CSV_ONLY = ("eval clean acc", "torch")  # in results.csv, not in the table
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -279,7 +281,7 @@ def _run_row(run: Run, robustness: dict) -> Dict[str, Optional[float]]:
         "gauss sev1-5": _mean(gauss) if gauss else None, "logit sigma=1": sigma1[0] if sigma1 else None,
         "2x res": res2[0]["acc1"] if res2 else None,
         "entropy init": _layer_mean(metrics, "entropy_init/"), "entropy end": _layer_mean(metrics, "entropy/"),
-        "entropy 2x res": res2[0].get("entropy") if res2 else None,
+        "entropy 2x res": res2[0].get("entropy") if res2 else None, "torch": prof.get("torch"),
     }
 
 
@@ -305,7 +307,18 @@ def _hardware() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor() or "unknown CPU") if os.path.exists("/proc/cpuinfo") else platform.processor()
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}"
+    return f"{cpu}, {os.cpu_count()} cores{gpu}"
+
+
+def _torch_versions(rows: Dict[str, List[Tuple[Run, dict]]]) -> str:
+    """Which torch each row was profiled under (rows may come from several invocations)."""
+    presets: Dict[str, List[str]] = {}
+    for preset, preset_runs in rows.items():
+        for version in dict.fromkeys(row.get("torch") or "not recorded" for _, row in preset_runs):
+            presets.setdefault(version, []).append(f"`{preset}`")
+    if len(presets) == 1:
+        return f"torch {next(iter(presets))} for every row"
+    return "; ".join(f"torch {version} for {', '.join(names)}" for version, names in presets.items())
 
 
 def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: Path, command: str) -> Path:
@@ -327,11 +340,10 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["mechanism", "preset", "seed", *[k for k in COLUMNS[3:]], "eval clean acc"])
+        writer.writerow(["mechanism", "preset", "seed", *COLUMNS[3:], *CSV_ONLY])
         for preset_runs in rows.values():
             for run, row in preset_runs:
-                writer.writerow([run.label, run.preset, run.seed, *[row[k] for k in COLUMNS[3:]],
-                                 row["eval clean acc"]])
+                writer.writerow([run.label, run.preset, run.seed, *[row.get(k) for k in (*COLUMNS[3:], *CSV_ONLY)]])
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for preset, preset_runs in rows.items():
         cells = [preset_runs[0][0].label, f"`{preset}`", ",".join(str(r.seed) for r, _ in preset_runs)]
@@ -350,7 +362,7 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
     sweep = robustness.get("sweep", {})
     text = [
         f"# Zoo benchmark, `{budget_name}` budget", "",
-        f"Produced by `{command}` on {time.strftime('%Y-%m-%d')}; hardware: {_hardware()}."
+        f"Produced by `{command}` on {time.strftime('%Y-%m-%d')}; hardware: {_hardware()}; {_torch_versions(rows)}."
         + (f" Rows kept from the earlier report in this folder (same budget and machine kind): "
            f"{', '.join(f'`{p}`' for p in kept)}." if kept else ""), "",
         f"Recipe: `{exp}` (same data split, seed, augmentation, optimiser and epochs for every row); model size: "
@@ -384,7 +396,7 @@ def _kept_rows(csv_path: Path, trained: set) -> Dict[str, List[Tuple[Run, dict]]
         for rec in csv.DictReader(f):
             if rec["preset"] in trained:
                 continue
-            row = {k: (float(v) if v not in ("", "None") else None) for k, v in rec.items()
+            row = {k: (None if v in ("", "None", None) else v if k == "torch" else float(v)) for k, v in rec.items()
                    if k not in ("mechanism", "preset", "seed")}
             kept.setdefault(rec["preset"], []).append((Run(rec["mechanism"], rec["preset"], int(rec["seed"]), Path()), row))
     return kept

@@ -7,6 +7,7 @@ import sys
 
 import cv2
 import numpy as np
+import torch
 
 from conftest import ROOT
 
@@ -45,7 +46,8 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
         assert 0.0 <= float(row["val acc"]) <= 1.0 and 0.0 < float(row["entropy init"]) <= 1.0 + 1e-6
     table = (out / "results.md").read_text()
     assert "| softmax | `vit_softmax` | 0,1 |" in table and "--override trainer.max_epochs=1" in table
-    assert "img/s (training step, batch 8)" in table
+    assert "img/s (training step, batch 8)" in table and f"torch {torch.__version__} for every row" in table
+    assert {row["torch"] for row in rows} == {torch.__version__}
     for png in ("summary.png", "corruptions.png", "logit_noise.png", "resolution.png"):
         assert (out / png).stat().st_size > 0
 
@@ -53,7 +55,14 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": done") == 3 and "[eval] done" in again.stdout
 
-    # A later invocation (another work dir) adds its preset; the earlier rows and plots stay in the report.
+    # A later invocation (another work dir) adds its preset; the earlier rows and plots stay in the report, each
+    # row with the torch it was profiled under.
+    for row in rows:
+        row["torch"] = "0.0.1" if row["preset"] == "nonlocal_resnet_linear" else row["torch"]
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     more = [a if a != work else tmp_path / "work2" for a in args]
     more[more.index("vit_softmax,nonlocal_resnet_linear")] = "vit_efficient"
     added = _zoo(*more)
@@ -63,5 +72,7 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     assert presets == ["vit_softmax", "vit_softmax", "vit_efficient", "nonlocal_resnet_linear"]
     table = (out / "results.md").read_text()
     assert "Rows kept from the earlier report" in table and "`nonlocal_resnet_linear`" in table
+    assert f"torch {torch.__version__} for `vit_softmax`, `vit_efficient`; torch 0.0.1 for `nonlocal_resnet_linear`" \
+        in table
     assert (out / "corruptions.png").is_file() and (out / "corruptions_vit_efficient.png").is_file()
     assert "corruptions_vit_efficient.png" in table
