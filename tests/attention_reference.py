@@ -83,6 +83,25 @@ def efficient_ref(q, k, v, key_noise=None):
     return qs @ (ks.transpose(-2, -1) @ v), qs @ ks.transpose(-2, -1)
 
 
+def dwc_ref(v, conv, grid, prefix):
+    """DWC(v) in float64: each grid token's channel summed over its k x k window (zero padding) + bias; the
+    ``prefix`` tokens get 0. ``conv=None`` (no conv term) gives 0 everywhere."""
+    B, H, N, D = v.shape
+    if conv is None:
+        return torch.zeros(B, H, N, D, dtype=torch.float64)
+    h, w = grid
+    weight, bias = conv.weight.double()[:, 0], conv.bias.double()  # (H*D, k, k), (H*D,)
+    r = weight.shape[-1] // 2
+    img = torch.zeros(B, H * D, h + 2 * r, w + 2 * r, dtype=torch.float64)
+    img[:, :, r:r + h, r:r + w] = v.double()[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, h, w)
+    out = bias[None, :, None, None].expand(B, -1, h, w).clone()
+    for a in range(2 * r + 1):
+        for b in range(2 * r + 1):
+            out += weight[None, :, a, b, None, None] * img[:, :, a:a + h, b:b + w]
+    grid_out = out.reshape(B, H, D, h * w).transpose(-2, -1)
+    return torch.cat([torch.zeros(B, H, prefix, D, dtype=torch.float64), grid_out], dim=2)
+
+
 def entropy(p):
     """H = -sum p log p over the last dim (0 log 0 = 0)."""
     p = p.double()

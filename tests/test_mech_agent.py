@@ -9,7 +9,7 @@ from vitzoo.attention import build_attention
 from vitzoo.attention.agent import AgentAttention
 from vitzoo.diagnostics import capture_attention
 
-from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from attention_reference import dwc_ref, module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
 from mech_checks import assert_one_line_error, gradcheck_module
 
 DIM, HEADS, PREFIX, GRID = 8, 2, 1, (4, 6)  # a non-square grid catches h/w mix-ups
@@ -32,28 +32,13 @@ def ref_agents(q, agents):
     return blocks.mean(dim=(3, 5)).reshape(B, H, ah * aw, D)
 
 
-def ref_dwc(conv, v):
-    """Depthwise conv of the patch values written as a sum of shifted grids (zero padding)."""
-    B, H, _, D = v.shape
-    g = v[:, :, PREFIX:].transpose(-2, -1).reshape(B, H * D, *GRID)
-    r = conv.kernel_size[0] // 2
-    padded = torch.nn.functional.pad(g, (r, r, r, r))
-    out = conv.bias.view(1, -1, 1, 1).expand_as(g).clone()
-    for i in range(2 * r + 1):
-        for j in range(2 * r + 1):
-            out = out + conv.weight[:, 0, i, j].view(1, -1, 1, 1) * padded[:, :, i:i + GRID[0], j:j + GRID[1]]
-    conv_tokens = out.reshape(B, H, D, -1).transpose(-2, -1)
-    return torch.cat([torch.zeros_like(v[:, :, :PREFIX]), conv_tokens], dim=2)
-
-
 def ref_agent(m, x, agents, scales=(None, None)):
     """(output of the module, implied matrix) from the formula."""
     q, k, v = module_qkv(m, x)
     a = ref_agents(q, agents)
     agent_v, attn_a = softmax_ref(a, k, v, scale=scales[1])
     out, attn_q = softmax_ref(q, a, agent_v, scale=scales[0])
-    if m.dwc is not None:
-        out = out + ref_dwc(m.dwc, v)
+    out = out + dwc_ref(v, m.dwc, GRID, PREFIX)
     return module_out(m, out), attn_q @ attn_a
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 
-from attention_reference import kernel_ref, module_out, module_qkv, single_thread  # noqa: F401
+from attention_reference import dwc_ref, kernel_ref, module_out, module_qkv, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, check_double_resolution, gradcheck_module
 
 
@@ -14,22 +14,6 @@ def focused_ref(x, scale, p=3):
     r = x.double().clamp(min=0) / torch.log1p(torch.exp(scale.double()))
     rp = r ** p
     return r.norm(dim=-1, keepdim=True) * rp / rp.norm(dim=-1, keepdim=True).clamp(min=1e-300)
-
-
-def dwc_ref(v, conv, grid, prefix):
-    """sum over the k x k window of each grid token's channel (zero padding) + bias; prefix tokens get 0."""
-    B, H, _, D = v.shape
-    h, w = grid
-    weight, bias = conv.weight.double()[:, 0], conv.bias.double()  # (H*D, k, k), (H*D,)
-    r = weight.shape[-1] // 2
-    img = torch.zeros(B, H * D, h + 2 * r, w + 2 * r, dtype=torch.float64)
-    img[:, :, r:r + h, r:r + w] = v.double()[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, h, w)
-    out = bias[None, :, None, None].expand(B, -1, h, w).clone()
-    for a in range(2 * r + 1):
-        for b in range(2 * r + 1):
-            out += weight[None, :, a, b, None, None] * img[:, :, a:a + h, b:b + w]
-    grid_out = out.reshape(B, H, D, h * w).transpose(-2, -1)
-    return torch.cat([torch.zeros(B, H, prefix, D, dtype=torch.float64), grid_out], dim=2)
 
 
 def reference(layer, q, k, v, eps=1e-8):
@@ -51,9 +35,10 @@ def randomised(attn):
 
 @pytest.mark.parametrize("heads", [{"heads": "split"}, {"heads": "projected", "head_dim": 5}])
 @pytest.mark.parametrize("prefix", [0, 1])
-def test_module_is_the_float64_formula(heads, prefix):
-    attn = randomised(build({"name": "focused_linear", **heads}, tokens=prefix + 16, prefix=prefix,
-                            qkv_bias=True)).double()
+@pytest.mark.parametrize("kernel_size", [0, 5])  # 0: no conv term
+def test_module_is_the_float64_formula(heads, prefix, kernel_size):
+    attn = randomised(build({"name": "focused_linear", "kernel_size": kernel_size, **heads}, tokens=prefix + 16,
+                            prefix=prefix, qkv_bias=True)).double()
     x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
     expected = module_out(attn, reference(attn, *module_qkv(attn, x)))
     torch.testing.assert_close(attn(x), expected, rtol=1e-10, atol=1e-12)

@@ -9,10 +9,10 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 
 from . import functional as AF
 from .base import ZooAttention
+from .grid_conv import grid_conv
 from .registry import register_attention
 from .softmax import check_scale, logit_scale
 
@@ -79,13 +79,9 @@ class AgentAttention(ZooAttention):
         if num_agents < 1 or side * side != num_agents:
             raise ValueError(f"num_agents={num_agents} must be a perfect square (agents sit on a side x side grid), "
                              f"e.g. num_agents: {max(side, 1) ** 2}")
-        if kernel_size < 0 or (kernel_size and kernel_size % 2 == 0):
-            raise ValueError(f"kernel_size={kernel_size} must be odd (the conv keeps the grid) or 0 for no conv term")
         self.num_agents, self.scale_mode = num_agents, scale
         self.train_keys = self._train_keys(scale)
-        self.dwc = nn.Conv2d(self.attn_dim, self.attn_dim, kernel_size, padding=kernel_size // 2,
-                             groups=self.attn_dim, device=kwargs.get("device"),
-                             dtype=kwargs.get("dtype")) if kernel_size else None
+        self.dwc = grid_conv("agent", self.attn_dim, kernel_size, **kwargs)
 
     def _train_keys(self, scale: str) -> Tuple[Optional[int], Optional[int]]:
         """(agents, tokens) at the build layout: the log-n scale's reference counts."""
@@ -111,11 +107,7 @@ class AgentAttention(ZooAttention):
         grid, P = self.current_grid(q.shape[-2]), self.num_prefix_tokens
         out = agent_attention(q, k, v, grid, P, self.num_agents, self.scales(grid, q.shape[-2]), logit_noise,
                               self.attn_drop.p if self.training else 0.0)
-        if self.dwc is None:
-            return out
-        B, H, _, D = v.shape
-        conv = self.dwc(v[:, :, P:].transpose(-2, -1).reshape(B, H * D, *grid))
-        return torch.cat([out[:, :, :P], out[:, :, P:] + conv.reshape(B, H, D, -1).transpose(-2, -1)], dim=2)
+        return out if self.dwc is None else out + self.dwc.over_grid(v, grid, P)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         _no_mask(attn_mask, is_causal)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .feature_maps import FeatureMap, register_feature_map
 from .functional import acc
+from .grid_conv import grid_conv
 from .linear import LinearAttention
 from .performer import refuse_feature_map
 from .registry import register_attention
@@ -45,7 +46,8 @@ class FocusedFeatureMap(FeatureMap):
 
 @register_attention("focused_linear")
 class FocusedLinearAttention(LinearAttention):
-    """Linear attention with the focused map, plus DWC(V): a ``kernel_size`` depthwise conv over the patch grid.
+    """Linear attention with the focused map, plus DWC(V): a ``kernel_size`` depthwise conv over the patch grid
+    (0: none).
 
     Prefix (class / register) tokens are not on the grid: the conv sees only grid tokens (zero padding at
     the border) and prefix outputs get no conv term. Logit noise is linear attention's exp(eps_j) per key.
@@ -56,22 +58,14 @@ class FocusedLinearAttention(LinearAttention):
                  eps: float = 1e-8, **kwargs):
         refuse_feature_map("focused_linear", kwargs)
         super().__init__(dim, num_heads, *args, feature_map={"name": "focused", "power": power}, eps=eps, **kwargs)
-        if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be odd and >= 1 (the grid keeps its size), got {kernel_size}")
+        self.dwc = grid_conv("focused_linear", self.attn_dim, kernel_size, **kwargs)
         if self.causal:
             raise ValueError(NO_CAUSAL)
-        self.dwc = nn.Conv2d(self.attn_dim, self.attn_dim, kernel_size, padding=kernel_size // 2,
-                             groups=self.attn_dim, device=kwargs.get("device"), dtype=kwargs.get("dtype"))
-
-    def local(self, v: torch.Tensor) -> torch.Tensor:
-        """DWC(v): (B, H, N, D) -> (B, H, N, D), zero on the prefix tokens."""
-        B, H, N, D = v.shape
-        h, w = self.current_grid(N)
-        grid = v[:, :, self.num_prefix_tokens:].transpose(-2, -1).reshape(B, H * D, h, w)
-        out = self.dwc(grid).reshape(B, H, D, h * w).transpose(-2, -1)
-        return F.pad(out, (0, 0, self.num_prefix_tokens, 0))
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         if is_causal:
             raise ValueError(NO_CAUSAL)
-        return super().mix(x, q, k, v, attn_mask, is_causal, logit_noise) + self.local(v)
+        out = super().mix(x, q, k, v, attn_mask, is_causal, logit_noise)
+        if self.dwc is None:
+            return out
+        return out + self.dwc.over_grid(v, self.current_grid(v.shape[-2]), self.num_prefix_tokens)
