@@ -1,8 +1,11 @@
-"""The shared LightningDataModule: splits of (HWC uint8 image, label) -> albumentations -> loaders."""
+"""The shared LightningDataModule: splits of (HWC uint8 image, label) -> albumentations -> loaders, or
+(``device_cache``) the device-resident path of :mod:`~vitzoo.data.device_data`."""
 from __future__ import annotations
 
+import logging
 import os
 from functools import partial
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import cv2
@@ -11,10 +14,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
 from .transforms import build_eval_transform, build_train_transform, seed_worker
 from .workers import resolve_num_workers
 
-__all__ = ["ImageDataset", "ImageDataModule", "read_rgb"]
+__all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE"]
+
+log = logging.getLogger(__name__)
+
+DEVICE_CACHE_MAX_SIZE = 64  # device_cache=null turns the device path on for CUDA runs up to this img_size
 
 Images = Union[np.ndarray, Sequence[str]]
 
@@ -52,6 +60,9 @@ class ImageDataModule(L.LightningDataModule):
     of :func:`~vitzoo.data.transforms.build_train_transform` (policy, crop_padding, hflip,
     gauss_noise, gauss_noise_p). ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
     :func:`~vitzoo.data.workers.resolve_num_workers`). ``test_dataloader`` serves the val split.
+    ``device_cache``: decode each split once into a uint8 tensor on the training device and augment whole
+    batches there (:mod:`~vitzoo.data.device_data`); ``None`` = on for CUDA runs with ``img_size`` up to
+    ``DEVICE_CACHE_MAX_SIZE`` whose augmentation the device path implements.
     """
 
     num_classes: int
@@ -60,7 +71,7 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(self, img_size: int, batch_size: int = 128, num_workers: Union[int, str] = "auto",
                  mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                  aug: Optional[Mapping[str, Any]] = None, eval_batch_size: Optional[int] = None,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, device_cache: Optional[bool] = None):
         super().__init__()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
         self.num_workers = resolve_num_workers(num_workers)
@@ -68,25 +79,76 @@ class ImageDataModule(L.LightningDataModule):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.aug = dict(aug or {})
         self.pin_memory = pin_memory
+        if device_cache:
+            check_device_aug(self.aug)
+        self.device_cache = device_cache
         self.train_dataset: Optional[ImageDataset] = None
         self.val_dataset: Optional[ImageDataset] = None
+        self.device_splits: Optional[dict] = None
 
     def load_split(self, split: str) -> Tuple[Images, Sequence[int]]:
         """(images, labels) of ``split``: 'train' or 'val'."""
         raise NotImplementedError
 
+    def cache_file(self, split: str) -> Optional[Path]:
+        """Where the device path keeps ``split`` decoded; None: decode in memory on every run (data sets that
+        are arrays already). Image folders override it."""
+        return None
+
+    def _device(self) -> torch.device:
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+
+    def uses_device_cache(self) -> bool:
+        """Whether the loaders come from the device path (``device_cache``, or its automatic choice)."""
+        if self.device_cache is not None:
+            return bool(self.device_cache)
+        if self._device().type != "cuda" or self.img_size > DEVICE_CACHE_MAX_SIZE:
+            return False
+        try:
+            check_device_aug(self.aug)
+        except ValueError as err:
+            log.info("data.device_cache=null: using the albumentations path, as %s", err)
+            return False
+        return True
+
+    def _decoded(self, split: str) -> Tuple[torch.Tensor, np.ndarray]:
+        images, labels = self.load_split(split)
+        cache = self.cache_file(split)
+        decoded = decode_split(images, self.img_size) if cache is None else \
+            load_or_build_cache(cache, images, labels, self.img_size)
+        return decoded, np.asarray(labels, dtype=np.int64)
+
     def setup(self, stage: Optional[str] = None) -> None:
-        if stage in (None, "fit") and self.train_dataset is None:
+        if self.device_splits is None and self.uses_device_cache():
+            self.device_splits = {split: self._decoded(split) for split in ("train", "val")}
+            self._check_batch_size(len(self.device_splits["train"][1]))
+        # val_dataset exists on both paths: callbacks and eval.py read single images from it.
+        if self.device_splits is None and stage in (None, "fit") and self.train_dataset is None:
             train_tf = build_train_transform(self.img_size, self.mean, self.std, **self.aug)
             self.train_dataset = ImageDataset(*self.load_split("train"), train_tf)
-            if len(self.train_dataset) < self.batch_size:
-                raise ValueError(f"data.batch_size={self.batch_size} is larger than the training set "
-                                 f"({len(self.train_dataset)} images); lower data.batch_size")
+            self._check_batch_size(len(self.train_dataset))
         if self.val_dataset is None:
             eval_tf = build_eval_transform(self.img_size, self.mean, self.std)
             self.val_dataset = ImageDataset(*self.load_split("val"), eval_tf)
 
+    def _check_batch_size(self, num_train: int) -> None:
+        if num_train < self.batch_size:
+            raise ValueError(f"data.batch_size={self.batch_size} is larger than the training set "
+                             f"({num_train} images); lower data.batch_size")
+
+    def _device_loader(self, train: bool) -> DeviceBatches:
+        images, labels = self.device_splits["train" if train else "val"]
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world = self.trainer.world_size if self.trainer is not None else 1
+        crop = self.aug.get("crop_padding", 4) if self.aug.get("policy", "basic") != "none" else 0
+        hflip = self.aug.get("hflip", True) and self.aug.get("policy", "basic") != "none"
+        return DeviceBatches(images, labels, self.batch_size if train else self.eval_batch_size, self.mean, self.std,
+                             train=train, device=self._device(), seed=int(torch.randint(2**31, ()).item()) + rank,
+                             crop_padding=crop, hflip=hflip, rank=rank, world_size=world)
+
     def _loader(self, dataset: Optional[ImageDataset], train: bool) -> DataLoader:
+        if self.device_splits is not None:
+            return self._device_loader(train)
         if dataset is None:
             raise RuntimeError("call setup() before asking for a dataloader")
         rank = self.trainer.global_rank if self.trainer is not None else 0

@@ -50,6 +50,12 @@ class ImageFolderDataModule(ImageDataModule):
         self.num_classes = len(self.classes)
         self._splits = None
 
+    def cache_file(self, split: str) -> Path:
+        """``root/.vitzoo-cache/<split>-<size>px[-val<fraction>-seed<seed>].pt`` (the split parameters name the
+        file when val/ is carved out of train/)."""
+        carved = "" if (self.root / "val").is_dir() else f"-val{self.val_fraction:g}-seed{self.split_seed}"
+        return self.root / ".vitzoo-cache" / f"{split}-{self.img_size}px{carved}.pt"
+
     def load_split(self, split: str):
         if self._splits is None:
             paths, labels = _scan(self.root / "train", self.classes)
