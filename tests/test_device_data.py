@@ -146,3 +146,17 @@ def test_digits_train_on_the_device_path_and_learn(tmp_path):
     metrics = train(cfg)
     assert metrics["val/acc1"] > 0.6, metrics  # 10 classes: chance is 0.1
     assert metrics["global_step"] == 10 * (1437 // 32)  # 1,437 training digits, last partial batch dropped
+
+
+def test_the_gpu_zoo_recipe_takes_the_device_path(tmp_path):
+    """zoo_gpu asks for data.device_cache=true, so its augmentation must be one the device path has."""
+    from hydra.utils import instantiate
+
+    _folder(tmp_path / "data", per_class=12)
+    cfg = compose_config(tmp_path, ["experiment=zoo_gpu", "model=vit_softmax", f"data.root={tmp_path / 'data'}",
+                                    "data.batch_size=4"])
+    dm = instantiate(cfg.data)
+    assert dm.uses_device_cache() and cfg.module.mixup.mixup_alpha > 0
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (4, 3, 32, 32) and y.shape == (4,)
