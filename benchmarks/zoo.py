@@ -25,6 +25,7 @@ unpacked once to ``~/.cache/vitzoo/``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -174,21 +175,30 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
 
     hp = read_checkpoint(ckpt)["hyper_parameters"]
     base = _rss_mb("VmRSS")
-    model = build_model(hp)
+    cuda = torch.cuda.is_available()  # on a GPU: bf16 autocast, peak = torch's max allocated
+    device = torch.device("cuda" if cuda else "cpu")
+    model = build_model(hp).to(device)
     params = sum(p.numel() for p in model.parameters())
     size = (batch_size, hp.get("in_chans", 3), hp["img_size"], hp["img_size"])
-    x, y = torch.randn(size), torch.randint(0, hp["num_classes"], (batch_size,))
+    x = torch.randn(size, device=device)
+    y = torch.randint(0, hp["num_classes"], (batch_size,), device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(steps + 2):
         start = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
+        with autocast:
+            loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
         if i >= 2:  # two warm-up steps
             times.append(time.perf_counter() - start)
-    peak = _rss_mb("VmHWM") - base
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _rss_mb("VmHWM") - base
     times.sort()
     model.eval()
     _eager_twins(model)
@@ -196,7 +206,7 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
         model(x[:1])
     return {"params": params, "flops_per_image": counter.get_total_flops(),
             "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak, "batch_size": batch_size,
-            "torch": torch.__version__}
+            "torch": torch.__version__, "device": "cuda bf16" if cuda else "cpu fp32"}
 
 
 def profile(runs: List[Run], batch_size: int, steps: int) -> None:
@@ -371,7 +381,8 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
         f"{sweep.get('protocol') or 'by size'}; logit-noise sigma in {sweep.get('logit_noise')}; inputs at "
         f"{sweep.get('resolutions')} x the training size). Accuracies in %, one value per seed.",
         f"Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, {batch}) / peak "
-        "memory (resident set above the process baseline during those steps) come from the profile phase, run one "
+        "memory (on a GPU: torch's max allocated under bf16 autocast; on the CPU: resident set above the process "
+        "baseline, fp32) during those steps come from the profile phase, run one "
         "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
         "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
         "eval images at twice the training size.", "",

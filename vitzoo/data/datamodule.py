@@ -122,6 +122,8 @@ class ImageDataModule(L.LightningDataModule):
         if self.device_splits is None and self.uses_device_cache():
             self.device_splits = {split: self._decoded(split) for split in ("train", "val")}
             self._check_batch_size(len(self.device_splits["train"][1]))
+            log.info("data: device-resident path on %s (%d train / %d val images decoded at %d px)", self._device(),
+                     len(self.device_splits["train"][1]), len(self.device_splits["val"][1]), self.img_size)
         # val_dataset exists on both paths: callbacks and eval.py read single images from it.
         if self.device_splits is None and stage in (None, "fit") and self.train_dataset is None:
             train_tf = build_train_transform(self.img_size, self.mean, self.std, **self.aug)
