@@ -12,6 +12,7 @@ GPU machine, where it never touches the CPU per batch).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sys
@@ -46,7 +47,7 @@ def _cpu_seconds() -> float:
 
 def _rate(loader, batches: int, device: torch.device):
     """(img/s, CPU seconds per 1,000 images) over ``batches`` batches after one warm-up batch."""
-    it = iter(loader)
+    it = itertools.chain.from_iterable(itertools.repeat(loader))  # epochs back to back
     next(it)
     count, wall, cpu = 0, time.perf_counter(), _cpu_seconds()
     for _ in range(batches):

@@ -12,14 +12,23 @@ machine).
     python benchmarks/train_throughput.py --device cuda --precision bf16 --batch-size 256
     python benchmarks/train_throughput.py --arch vit_small --img-size 224 --csv out.csv
     python benchmarks/train_throughput.py --batch-size 128 --attention linear:impl=eager --attention linear:impl=torch
+    python benchmarks/train_throughput.py --data ../shared/data/cifar10-train-jpg.tar.gz   # + both data paths
+
+``--data`` (an image folder or the CIFAR .tar.gz) adds two rows: the zoo ViT fed real, augmented batches
+by the albumentations DataLoader (``--workers``) and by the device-resident path (``data.device_cache``),
+so the table shows what each data path leaves of the fixed-batch rate. On CUDA a peak-memory column
+(torch's max allocated, per row) is added.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -73,15 +82,40 @@ def make_step(model, device, precision):
     return step
 
 
-def timed(step, x, y, steps, device, clock) -> float:
+def timed(step, batches, steps, device, clock) -> float:
+    """img/s of ``steps`` training steps on the batches ``batches()`` hands out."""
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = clock()
+    start, images = clock(), 0
     for _ in range(steps):
-        step(x, y)
+        x, y = batches()
+        step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+        images += len(x)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return steps * len(x) / (clock() - start)
+    return images / (clock() - start)
+
+
+def data_feeds(data: str, img_size: int, batch_size: int, workers: int, device) -> dict:
+    """Endless training batches of the image folder ``data`` from each data path: {row label: next batch}."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from zoo import resolve_data  # the zoo's folder / .tar.gz handling
+
+    from vitzoo.data import ImageFolderDataModule
+    from vitzoo.data.device_data import DeviceBatches
+
+    common = dict(img_size=img_size, batch_size=batch_size, mean=(0.4914, 0.4822, 0.4465),
+                  std=(0.2470, 0.2435, 0.2616))
+    root = str(resolve_data(Path(data)))
+    plain = ImageFolderDataModule(root, num_workers=workers, device_cache=False, **common)
+    plain.setup("fit")
+    cached = ImageFolderDataModule(root, device_cache=True, **common)
+    cached.setup("fit")
+    device_path = DeviceBatches(*cached.device_splits["train"], batch_size, cached.mean, cached.std, train=True,
+                                device=device, crop_padding=4, hflip=True)
+    endless = {f"albumentations, {workers} worker(s)": plain.train_dataloader(), "device path": device_path}
+    return {label: itertools.chain.from_iterable(itertools.repeat(loader)).__next__
+            for label, loader in endless.items()}
 
 
 def main() -> None:
@@ -100,6 +134,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
     parser.add_argument("--attention", type=attention_spec, action="append", default=[],
                         help="also time a zoo ViT with this attention, e.g. linear:impl=torch (repeatable)")
+    parser.add_argument("--data", help="image folder or CIFAR .tar.gz: add rows fed by both data paths")
+    parser.add_argument("--workers", type=int, default=1, help="--data: DataLoader workers of the albumentations path")
     parser.add_argument("--csv", help="also write the table to this CSV file")
     args = parser.parse_args()
 
@@ -111,18 +147,28 @@ def main() -> None:
     models, shape = build(args.arch, args.img_size, 10, args.attention)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
-    steps = {}
-    for name, model in models.items():
+    feeds = {name: (model, lambda: (x, y)) for name, model in models.items()}
+    if args.data:
+        zoo = models["vitzoo vit_softmax"]
+        for label, feed in data_feeds(args.data, args.img_size, args.batch_size, args.workers, device).items():
+            feeds[f"vitzoo vit_softmax <- {label}"] = (zoo, feed)
+    steps, peak, compiled = {}, {}, set()
+    for name, (model, batches) in feeds.items():
         model.to(device).train()
-        if args.compile:
+        if args.compile and id(model) not in compiled:  # the data-path rows share the zoo model
             model.compile()
+            compiled.add(id(model))
         steps[name] = make_step(model, device, args.precision)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         for _ in range(args.warmup):
-            steps[name](x, y)
-    rates = {name: [] for name in models}
+            steps[name](*(t.to(device) for t in batches()))
+        if device.type == "cuda":
+            peak[name] = torch.cuda.max_memory_allocated(device) / 2**20
+    rates = {name: [] for name in feeds}
     for _ in range(args.rounds):
         for name, step in steps.items():
-            rates[name].append(timed(step, x, y, args.steps, device, clock))
+            rates[name].append(timed(step, feeds[name][1], args.steps, device, clock))
 
     ref_name = "timm VisionTransformer"
     ref = statistics.median(rates[ref_name])
@@ -136,12 +182,15 @@ def main() -> None:
         med = statistics.median(values)
         rows.append({"model": name, "img_per_s": round(med, 1), "min": round(min(values), 1),
                      "max": round(max(values), 1), "ratio_vs_timm": round(med / ref, 3),
-                     "paired_ratio_vs_timm": round(paired[name], 3)})
+                     "paired_ratio_vs_timm": round(paired[name], 3),
+                     **({"peak_mb": round(peak[name])} if name in peak else {})})
     width = max(24, *(len(r["model"]) for r in rows))
-    print(f"{'model':<{width}} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7} {'paired ratio':>13}")
+    print(f"{'model':<{width}} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7} {'paired ratio':>13}"
+          + (f" {'peak MB':>8}" if peak else ""))
     for r in rows:
         print(f"{r['model']:<{width}} {r['img_per_s']:>15.1f} {r['min']:>9.1f} {r['max']:>9.1f} "
-              f"{r['ratio_vs_timm']:>7.3f} {r['paired_ratio_vs_timm']:>13.3f}")
+              f"{r['ratio_vs_timm']:>7.3f} {r['paired_ratio_vs_timm']:>13.3f}"
+              + (f" {r['peak_mb']:>8}" if "peak_mb" in r else ""))
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -1,0 +1,41 @@
+"""The data-path benchmarks run end to end on a tiny generated image folder and print their tables."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+
+from conftest import ROOT
+
+
+def _folder(root):
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (root / "train" / c).mkdir(parents=True)
+        for i in range(10):
+            cv2.imwrite(str(root / "train" / c / f"{i}.png"), rng.integers(0, 256, (20, 20, 3), dtype=np.uint8))
+    return root
+
+
+def _run(*args):
+    result = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stdout
+
+
+def test_data_path_benchmark_compares_both_paths(tmp_path):
+    out = _run("benchmarks/data_path.py", "--data", _folder(tmp_path), "--img-size", 16, "--batch-size", 4,
+               "--batches", 6, "--workers", 1)  # 18 training images: the loaders wrap around epochs
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "img/s" not in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| albumentations, 0 worker(s)", "| albumentations, 1 worker(s)",
+                                                 "| device path on cpu, cache build", "| device path on cpu, cache read"]
+
+
+def test_train_throughput_feeds_the_model_from_both_data_paths(tmp_path):
+    out = _run("benchmarks/train_throughput.py", "--data", _folder(tmp_path), "--img-size", 16, "--batch-size", 4,
+               "--steps", 6, "--rounds", 1, "--warmup", 1, "--device", "cpu", "--workers", 0)
+    for row in ("vitzoo vit_softmax ", "timm VisionTransformer", "vitzoo vit_softmax <- albumentations, 0 worker(s)",
+                "vitzoo vit_softmax <- device path"):
+        assert any(line.startswith(row) for line in out.splitlines()), out
