@@ -131,6 +131,11 @@ def test_augmentations_only_albumentations_has_are_an_error(aug, fix):
         DigitsDataModule(device_cache=True, aug=aug)
 
 
+def test_workers_the_device_path_does_not_use_are_a_warning(caplog):
+    DigitsDataModule(device_cache=True, num_workers=3)
+    assert "data.num_workers=3 is not used" in caplog.text
+
+
 def test_automatic_choice_is_off_without_cuda():
     dm = DigitsDataModule()
     assert dm.uses_device_cache() is False

@@ -81,6 +81,9 @@ class ImageDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         if device_cache:
             check_device_aug(self.aug)
+            if isinstance(num_workers, int) and num_workers > 0:
+                log.warning("data.num_workers=%d is not used: the device path (data.device_cache=true) needs no "
+                            "DataLoader workers; drop it or set data.num_workers=0", num_workers)
         self.device_cache = device_cache
         self.train_dataset: Optional[ImageDataset] = None
         self.val_dataset: Optional[ImageDataset] = None
