@@ -112,7 +112,8 @@ def test_the_cache_is_built_once_then_reused_and_a_stale_or_broken_one_is_an_err
                                   mean=MEAN, std=STD)
     plain.setup("fit")
     cached = _module(tmp_path, mean=MEAN, std=STD)
-    cached.setup("validate")
+    cached.setup("fit")
+    assert cached.device_splits is not None
     torch.testing.assert_close(torch.cat([b for b, _ in cached.val_dataloader()]),
                                torch.cat([b for b, _ in plain.val_dataloader()]), rtol=0, atol=1e-6)
 
@@ -165,3 +166,11 @@ def test_the_gpu_zoo_recipe_takes_the_device_path(tmp_path):
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (4, 3, 32, 32) and y.shape == (4,)
+
+
+def test_a_validate_only_setup_decodes_nothing(tmp_path):
+    _folder(tmp_path)
+    dm = _module(tmp_path)
+    dm.setup("validate")
+    assert dm.device_splits is None and not (tmp_path / ".vitzoo-cache").exists()
+    assert len(torch.cat([y for _, y in dm.val_dataloader()])) == 2

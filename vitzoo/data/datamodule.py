@@ -122,7 +122,9 @@ class ImageDataModule(L.LightningDataModule):
         return decoded, np.asarray(labels, dtype=np.int64)
 
     def setup(self, stage: Optional[str] = None) -> None:
-        if self.device_splits is None and self.uses_device_cache():
+        # Training only: a validate / test / eval.py setup reads the val split through val_dataset (the same
+        # images, see the tests), without decoding the training split into a cache it would not use.
+        if self.device_splits is None and stage in (None, "fit") and self.uses_device_cache():
             self.device_splits = {split: self._decoded(split) for split in ("train", "val")}
             self._check_batch_size(len(self.device_splits["train"][1]))
             log.info("data: device-resident path on %s (%d train / %d val images decoded at %d px)", self._device(),
