@@ -19,7 +19,7 @@ from .optim import build_optimizer, build_scheduler
 __all__ = ["ImageClassifier", "build_model", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
 
 OPTIM_DEFAULTS = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup_epochs=1.0, min_lr_ratio=0.01,
-                      layer_decay=None)
+                      layer_decay=None, fused=None)
 MIXUP_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, prob=1.0, switch_prob=0.5,
                       mode="batch")
 
@@ -114,7 +114,8 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         opt = self.optim
-        optimizer = build_optimizer(self.model, opt["lr"], opt["weight_decay"], opt["betas"], opt["layer_decay"])
+        optimizer = build_optimizer(self.model, opt["lr"], opt["weight_decay"], opt["betas"], opt["layer_decay"],
+                                    opt["fused"])
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs
         if not epochs or epochs < 1:

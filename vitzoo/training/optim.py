@@ -20,10 +20,12 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: 
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.999),
-                    layer_decay=None) -> torch.optim.Optimizer:
-    """timm's AdamW param groups: 1-D params and ``model.no_weight_decay()`` get no decay."""
+                    layer_decay=None, fused=None) -> torch.optim.Optimizer:
+    """timm's AdamW param groups: 1-D params and ``model.no_weight_decay()`` get no decay. ``fused``: torch's
+    fused AdamW kernel (one launch for all parameters; None = torch's default, the foreach path)."""
+    extra = {} if fused is None else {"fused": bool(fused)}
     return create_optimizer_v2(model, opt="adamw", lr=lr, weight_decay=weight_decay, betas=tuple(betas),
-                               layer_decay=layer_decay)
+                               layer_decay=layer_decay, **extra)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
