@@ -132,6 +132,11 @@ def test_augmentations_only_albumentations_has_are_an_error(aug, fix):
         DigitsDataModule(device_cache=True, aug=aug)
 
 
+def test_a_device_cache_that_is_not_a_bool_is_an_error():
+    with pytest.raises(ValueError, match="set it to true, false or null"):
+        DigitsDataModule(device_cache="maybe")
+
+
 def test_workers_the_device_path_does_not_use_are_a_warning(caplog):
     DigitsDataModule(device_cache=True, num_workers=3)
     assert "data.num_workers=3 is not used" in caplog.text

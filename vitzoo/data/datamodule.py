@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
-from .transforms import build_eval_transform, build_train_transform, seed_worker
+from .transforms import CROP_PADDING, HFLIP, build_eval_transform, build_train_transform, seed_worker
 from .workers import resolve_num_workers
 
 __all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE"]
@@ -79,6 +79,8 @@ class ImageDataModule(L.LightningDataModule):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.aug = dict(aug or {})
         self.pin_memory = pin_memory
+        if device_cache not in (None, True, False):
+            raise ValueError(f"data.device_cache={device_cache!r}; set it to true, false or null (automatic)")
         if device_cache:
             check_device_aug(self.aug)
             if isinstance(num_workers, int) and num_workers > 0:
@@ -147,8 +149,9 @@ class ImageDataModule(L.LightningDataModule):
         images, labels = self.device_splits["train" if train else "val"]
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        crop = self.aug.get("crop_padding", 4) if self.aug.get("policy", "basic") != "none" else 0
-        hflip = self.aug.get("hflip", True) and self.aug.get("policy", "basic") != "none"
+        augment = self.aug.get("policy", "basic") != "none"
+        crop = self.aug.get("crop_padding", CROP_PADDING) if augment else 0
+        hflip = self.aug.get("hflip", HFLIP) and augment
         return DeviceBatches(images, labels, self.batch_size if train else self.eval_batch_size, self.mean, self.std,
                              train=train, device=self._device(), seed=int(torch.randint(2**31, ()).item()) + rank,
                              crop_padding=crop, hflip=hflip, rank=rank, world_size=world)

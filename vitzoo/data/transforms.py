@@ -18,6 +18,7 @@ from albumentations.pytorch import ToTensorV2
 __all__ = ["POLICIES", "build_train_transform", "build_eval_transform", "seed_worker"]
 
 POLICIES = ("none", "basic", "strong")
+CROP_PADDING, HFLIP = 4, True  # the basic policy's defaults (the device path reads them too)
 
 
 def _finish(mean: Sequence[float], std: Sequence[float]) -> list:
@@ -30,7 +31,7 @@ def build_eval_transform(img_size: int, mean: Sequence[float], std: Sequence[flo
 
 
 def build_train_transform(img_size: int, mean: Sequence[float], std: Sequence[float], *, policy: str = "basic",
-                          crop_padding: int = 4, hflip: bool = True, gauss_noise: float = 0.0,
+                          crop_padding: int = CROP_PADDING, hflip: bool = HFLIP, gauss_noise: float = 0.0,
                           gauss_noise_p: float = 0.5, seed: Optional[int] = None) -> A.Compose:
     """Training pipeline.
 
