@@ -28,6 +28,29 @@ from zoo import resolve_data  # noqa: E402  (the zoo's tar.gz / folder handling)
 
 from vitzoo.data import ImageFolderDataModule  # noqa: E402
 from vitzoo.data.device_data import DeviceBatches  # noqa: E402
+from vitzoo.data.transforms import CROP_PADDING, HFLIP  # noqa: E402
+
+
+CIFAR_STATS = dict(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
+
+
+def folder_module(data: str, img_size: int, batch_size: int, device_cache: bool, **kwargs) -> ImageFolderDataModule:
+    """The image folder (or CIFAR .tar.gz) ``data`` as a set-up data module (CIFAR-10 statistics, 10% val)."""
+    dm = ImageFolderDataModule(str(resolve_data(Path(data))), img_size=img_size, batch_size=batch_size,
+                               val_fraction=0.1, device_cache=device_cache, **CIFAR_STATS, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def device_batches(dm: ImageFolderDataModule, device) -> DeviceBatches:
+    """Training batches of ``dm``'s decoded split on ``device`` (basic policy: pad-crop and flip)."""
+    return DeviceBatches(*dm.device_splits["train"], dm.batch_size, dm.mean, dm.std, train=True, device=device,
+                         crop_padding=CROP_PADDING, hflip=HFLIP)
+
+
+def endless(loader):
+    """The batches of ``loader``, epoch after epoch."""
+    return itertools.chain.from_iterable(itertools.repeat(loader))
 
 
 def _cpu_seconds() -> float:
@@ -47,7 +70,7 @@ def _cpu_seconds() -> float:
 
 def _rate(loader, batches: int, device: torch.device):
     """(img/s, CPU seconds per 1,000 images) over ``batches`` batches after one warm-up batch."""
-    it = itertools.chain.from_iterable(itertools.repeat(loader))  # epochs back to back
+    it = endless(loader)
     next(it)
     count, wall, cpu = 0, time.perf_counter(), _cpu_seconds()
     for _ in range(batches):
@@ -69,26 +92,21 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=1, help="albumentations path: DataLoader workers")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
-    root, device = resolve_data(Path(args.data)), torch.device(args.device)
-    common = dict(img_size=args.img_size, batch_size=args.batch_size, val_fraction=0.1,
-                  mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
-    shutil.rmtree(root / ".vitzoo-cache", ignore_errors=True)
+    device = torch.device(args.device)
+    shutil.rmtree(resolve_data(Path(args.data)) / ".vitzoo-cache", ignore_errors=True)
     rows = []
 
     for workers in sorted({0, args.workers}):
         start = time.perf_counter()
-        dm = ImageFolderDataModule(str(root), num_workers=workers, device_cache=False, **common)
-        dm.setup("fit")
+        dm = folder_module(args.data, args.img_size, args.batch_size, False, num_workers=workers)
         setup_s = time.perf_counter() - start
         rate, cpu = _rate(dm.train_dataloader(), args.batches, device)
         rows.append((f"albumentations, {workers} worker(s)", f"{setup_s:.1f} s (file scan)", rate, cpu))
 
     for label in ("build", "read"):
         start = time.perf_counter()
-        dm = ImageFolderDataModule(str(root), num_workers=0, device_cache=True, **common)
-        dm.setup("fit")
-        loader = DeviceBatches(*dm.device_splits["train"], args.batch_size, dm.mean, dm.std, train=True,
-                               device=device, crop_padding=4, hflip=True)
+        dm = folder_module(args.data, args.img_size, args.batch_size, True, num_workers=0)
+        loader = device_batches(dm, device)
         setup_s = time.perf_counter() - start
         rate, cpu = _rate(loader, args.batches, device)
         rows.append((f"device path on {device.type}, cache {label}", f"{setup_s:.1f} s", rate, cpu))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
 import json
 import statistics
 import sys
@@ -99,23 +98,12 @@ def timed(step, batches, steps, device, clock) -> float:
 def data_feeds(data: str, img_size: int, batch_size: int, workers: int, device) -> dict:
     """Endless training batches of the image folder ``data`` from each data path: {row label: next batch}."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from zoo import resolve_data  # the zoo's folder / .tar.gz handling
+    from data_path import device_batches, endless, folder_module
 
-    from vitzoo.data import ImageFolderDataModule
-    from vitzoo.data.device_data import DeviceBatches
-
-    common = dict(img_size=img_size, batch_size=batch_size, mean=(0.4914, 0.4822, 0.4465),
-                  std=(0.2470, 0.2435, 0.2616))
-    root = str(resolve_data(Path(data)))
-    plain = ImageFolderDataModule(root, num_workers=workers, device_cache=False, **common)
-    plain.setup("fit")
-    cached = ImageFolderDataModule(root, device_cache=True, **common)
-    cached.setup("fit")
-    device_path = DeviceBatches(*cached.device_splits["train"], batch_size, cached.mean, cached.std, train=True,
-                                device=device, crop_padding=4, hflip=True)
-    endless = {f"albumentations, {workers} worker(s)": plain.train_dataloader(), "device path": device_path}
-    return {label: itertools.chain.from_iterable(itertools.repeat(loader)).__next__
-            for label, loader in endless.items()}
+    plain = folder_module(data, img_size, batch_size, False, num_workers=workers)
+    cached = folder_module(data, img_size, batch_size, True, num_workers=0)
+    return {f"albumentations, {workers} worker(s)": endless(plain.train_dataloader()).__next__,
+            "device path": endless(device_batches(cached, device)).__next__}
 
 
 def main() -> None:
