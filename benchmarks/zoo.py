@@ -17,7 +17,11 @@ Phases (``--phases``, default all, each skips what is already done, so a stopped
   memory of those steps above the process's baseline.
 * ``eval``: one ``eval.py`` call over all final checkpoints (``last.ckpt``): clean accuracy,
   Gaussian noise severities 1-5, the attention-logit noise sweep, the resolution sweep.
-* ``report``: ``results.md`` (table), ``results.csv`` and the eval plots into ``--out``.
+* ``report``: one result file per finished run into ``--out``/per-run (see zoo_results.py), plus the files
+  ``--merge`` names (other calls' or machines' runs); then ``results.md`` (table), ``results.csv`` and the plots
+  into ``--out``, drawn from every result file in per-run/.
+
+    python benchmarks/zoo.py --budget gpu --phases report --merge /elsewhere/zoo/per-run   # join another call's runs
 
 ``--data`` is the CIFAR-10 JPEG tree (a folder holding ``train/<class>/*.jpg``) or its ``.tar.gz``,
 unpacked once to ``~/.cache/vitzoo/``.
@@ -38,6 +42,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import zoo_results  # noqa: E402  (a sibling script module)
 PHASES = ("train", "profile", "eval", "report")
 
 
@@ -206,7 +212,7 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
         model(x[:1])
     return {"params": params, "flops_per_image": counter.get_total_flops(),
             "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak, "batch_size": batch_size,
-            "torch": torch.__version__, "device": "cuda bf16" if cuda else "cpu fp32"}
+            "torch": torch.__version__, "device": "cuda bf16" if cuda else "cpu fp32", "hardware": _hardware()}
 
 
 def profile(runs: List[Run], batch_size: int, steps: int) -> None:
@@ -261,37 +267,29 @@ def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Pa
 # ---------------------------------------------------------------- report
 COLUMNS = ("mechanism", "preset", "seeds", "params", "MFLOPs/img", "train img/s", "peak train MB", "val acc",
            "gauss sev1-5", "logit sigma=1", "2x res", "entropy init", "entropy end", "entropy 2x res")
-CSV_ONLY = ("eval clean acc", "torch")  # in results.csv, not in the table
+CSV_ONLY = ("eval clean acc", "torch", "hardware")  # in results.csv, not in the table
 
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def _layer_mean(metrics: dict, prefix: str) -> Optional[float]:
-    values = [v for k, v in metrics.items() if k.startswith(prefix)]
-    return _mean(values) if values else None
-
-
-def _run_row(run: Run, robustness: dict) -> Dict[str, Optional[float]]:
-    """The numbers of one run (None where a phase has not produced them)."""
-    metrics = json.loads((run.dir / "metrics.json").read_text())
-    prof = json.loads((run.dir / "profile.json").read_text()) if (run.dir / "profile.json").is_file() else {}
-    summary = robustness.get("summary", {}).get(_eval_key(run), {})
-    records = [r for r in robustness.get("records", []) if r["checkpoint"] == _eval_key(run)]
-    gauss = [r["acc1"] for r in records if r["test"] == "gaussian_noise"]
-    sigma1 = [r["acc1"] for r in records if r["test"] == "logit_noise" and r["level"] == 1]
-    res2 = [r for r in records if r["test"] == "resolution"
-            and r["level"] == robustness["checkpoints"][_eval_key(run)]["resolution_sizes"][-1]]
-    return {
-        "params": prof.get("params"), "MFLOPs/img": prof["flops_per_image"] / 1e6 if prof else None,
-        "train img/s": prof.get("train_img_per_s"), "peak train MB": prof.get("peak_train_mb"),
-        "val acc": metrics["val/acc1"], "eval clean acc": summary.get("clean_acc1"),
-        "gauss sev1-5": _mean(gauss) if gauss else None, "logit sigma=1": sigma1[0] if sigma1 else None,
-        "2x res": res2[0]["acc1"] if res2 else None,
-        "entropy init": _layer_mean(metrics, "entropy_init/"), "entropy end": _layer_mean(metrics, "entropy/"),
-        "entropy 2x res": res2[0].get("entropy") if res2 else None, "torch": prof.get("torch"),
-    }
+def collect(runs: List[Run], budget_name: str, budget: Budget, work: Path, overrides: Sequence[str]) -> List[tuple]:
+    """(run dir, result file) of every trained run in this work dir, with its eval records where evaluated."""
+    eval_json = work / "eval" / "robustness.json"
+    robustness = json.loads(eval_json.read_text()) if eval_json.is_file() else {}
+    out = []
+    for run in runs:
+        if not (run.dir / "metrics.json").is_file():
+            continue
+        prof = json.loads((run.dir / "profile.json").read_text()) if (run.dir / "profile.json").is_file() else {}
+        ckpt = robustness.get("checkpoints", {}).get(_eval_key(run))
+        records = {"sweep": robustness["sweep"], "img_size": ckpt["img_size"],
+                   "records": [r for r in robustness["records"] if r["checkpoint"] == _eval_key(run)]} if ckpt else None
+        out.append((run.dir, zoo_results.build(
+            budget_name, run.label, run.preset, run.seed, budget.experiment, overrides,
+            json.loads((run.dir / "metrics.json").read_text()), prof, records)))
+    return out
 
 
 def _fmt(key: str, values: List[Optional[float]]) -> str:
@@ -319,62 +317,66 @@ def _hardware() -> str:
     return f"{cpu}, {os.cpu_count()} cores{gpu}"
 
 
-def _torch_versions(rows: Dict[str, List[Tuple[Run, dict]]]) -> str:
-    """Which torch each row was profiled under (rows may come from several invocations)."""
-    presets: Dict[str, List[str]] = {}
-    for preset, preset_runs in rows.items():
-        for version in dict.fromkeys(row.get("torch") or "not recorded" for _, row in preset_runs):
-            presets.setdefault(version, []).append(f"`{preset}`")
-    if len(presets) == 1:
-        return f"torch {next(iter(presets))} for every row"
-    return "; ".join(f"torch {version} for {', '.join(names)}" for version, names in presets.items())
+def _provenance(results: List[dict]) -> str:
+    """Which machine and torch each row was profiled on (rows may come from several calls and machines)."""
+    groups: Dict[str, List[str]] = {}
+    for r in results:
+        where = f"{r['profile'].get('hardware', 'hardware not recorded')}, torch {r['row'].get('torch') or '?'}"
+        names = groups.setdefault(where, [])
+        if f"`{r['preset']}`" not in names:
+            names.append(f"`{r['preset']}`")
+    if len(groups) == 1:
+        return f"{next(iter(groups))} for every row"
+    return "; ".join(f"{where} for {', '.join(names)}" for where, names in groups.items())
 
 
-def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: Path, command: str) -> Path:
-    """results.md + results.csv + plots into ``out``."""
+def _order(result: dict) -> tuple:
+    order = [preset for _, preset in PRESETS]
+    return order.index(result["preset"]) if result["preset"] in order else len(order), result["preset"], result["seed"]
+
+
+def report(results: List[dict], budget_name: str, budget: Budget, out: Path, command: str) -> Path:
+    """results.md + results.csv + plots into ``out``, from the result files of every run in ``out/per-run``."""
     import csv
 
-    eval_dir = work / "eval"
-    robustness = json.loads((eval_dir / "robustness.json").read_text()) if (eval_dir / "robustness.json").is_file() \
-        else {}
-    rows: Dict[str, List[Tuple[Run, dict]]] = {}
-    for run in runs:
-        if (run.dir / "metrics.json").is_file():
-            rows.setdefault(run.preset, []).append((run, _run_row(run, robustness)))
-    if not rows:
-        raise SystemExit("nothing to report yet; run the train phase first")
-    kept = _kept_rows(out / "results.csv", set(rows))
-    order = [preset for _, preset in PRESETS]
-    rows = dict(sorted({**rows, **kept}.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
+    from vitzoo.robustness.report import plot_results
+
+    if not results:
+        raise SystemExit("nothing to report yet; run the train phase first, or --merge result files")
+    results = sorted(results, key=_order)
+    rows: Dict[str, List[dict]] = {}
+    for r in results:
+        rows.setdefault(r["preset"], []).append(r)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["mechanism", "preset", "seed", *COLUMNS[3:], *CSV_ONLY])
-        for preset_runs in rows.values():
-            for run, row in preset_runs:
-                writer.writerow([run.label, run.preset, run.seed, *[row.get(k) for k in (*COLUMNS[3:], *CSV_ONLY)]])
+        for r in results:
+            cells = {**r["row"], "hardware": r["profile"].get("hardware")}
+            writer.writerow([r["label"], r["preset"], r["seed"], *[cells.get(k) for k in (*COLUMNS[3:], *CSV_ONLY)]])
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for preset, preset_runs in rows.items():
-        cells = [preset_runs[0][0].label, f"`{preset}`", ",".join(str(r.seed) for r, _ in preset_runs)]
-        cells += [_fmt(k, [row[k] for _, row in preset_runs]) for k in COLUMNS[3:]]
+    for preset, preset_rows in rows.items():
+        cells = [preset_rows[0]["label"], f"`{preset}`", ",".join(str(r["seed"]) for r in preset_rows)]
+        cells += [_fmt(k, [r["row"][k] for r in preset_rows]) for k in COLUMNS[3:]]
         lines.append("| " + " | ".join(cells) + " |")
-    plots = ("corruptions", "logit_noise", "resolution")
-    suffix = "_" + "_".join(sorted(set(rows) - set(kept))) if kept else ""  # earlier rows' curves stay in their plots
-    for name in plots:
-        if (eval_dir / f"{name}.png").is_file():
-            shutil.copy(eval_dir / f"{name}.png", out / f"{name}{suffix}.png")
+    curves = [r for r in results if (r["robustness"] or {}).get("records")]
+    for name in ("corruptions", "logit_noise", "resolution"):
+        (out / f"{name}.png").unlink(missing_ok=True)
+    plot_results([rec for r in curves for rec in r["robustness"]["records"]], out,
+                 {rec["checkpoint"]: r["robustness"]["img_size"] for r in curves for rec in r["robustness"]["records"]})
     _plot_summary(rows, out / "summary.png")
     exp = (ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").relative_to(ROOT)
-    profiled = [json.loads((r.dir / "profile.json").read_text()) for r in runs if (r.dir / "profile.json").is_file()]
-    batches = sorted({p["batch_size"] for p in profiled if "batch_size" in p})
+    batches = sorted({r["profile"]["batch_size"] for r in results if "batch_size" in r["profile"]})
     batch = "batch " + " / ".join(map(str, batches)) if batches else "batch size not recorded"
-    sweep = robustness.get("sweep", {})
+    sweep = next((r["robustness"]["sweep"] for r in results if r["robustness"]), {})
+    extra = results[0]["overrides"]
+    no_curves = [f"`{zoo_results.file_name(r['preset'], r['seed'])}`" for r in results if r not in curves]
     text = [
         f"# Zoo benchmark, `{budget_name}` budget", "",
-        f"Produced by `{command}` on {time.strftime('%Y-%m-%d')}; hardware: {_hardware()}; {_torch_versions(rows)}."
-        + (f" Rows kept from the earlier report in this folder (same budget and machine kind): "
-           f"{', '.join(f'`{p}`' for p in kept)}." if kept else ""), "",
-        f"Recipe: `{exp}` (same data split, seed, augmentation, optimiser and epochs for every row); model size: "
+        f"{len(results)} runs, one result file each in `per-run/`, merged by `{command}` on "
+        f"{time.strftime('%Y-%m-%d')}. Profiled on {_provenance(results)}.", "",
+        f"Recipe: `{exp}`" + (f" with `{' '.join(extra)}`" if extra else "") + " (same data split, seed, "
+        "augmentation, optimiser and epochs for every row); model size: "
         f"ViT `{budget.vit_kwargs}`, non-local ResNet-18 `{budget.resnet_kwargs or 'full width'}`.",
         f"Robustness columns: eval.py with `robustness={budget.robustness}` on the first "
         f"{budget.eval_images or 'all'} val images (Gaussian noise severities {sweep.get('severities')}, protocol "
@@ -387,55 +389,32 @@ def report(runs: List[Run], budget_name: str, budget: Budget, work: Path, out: P
         "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
         "eval images at twice the training size.", "",
         *lines, "",
-        *_plot_lines(out),
+        "![summary](summary.png)", "",
     ]
+    if curves:
+        text += ["![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)", ""]
+    if no_curves:
+        text += [f"No sweep curves for {', '.join(no_curves)}: converted from the table of an earlier harness "
+                 "version, which kept the numbers but not the sweep records.", ""]
     (out / "results.md").write_text("\n".join(text))
     print(f"[report] {out / 'results.md'}", flush=True)
     return out
 
 
-def _kept_rows(csv_path: Path, trained: set) -> Dict[str, List[Tuple[Run, dict]]]:
-    """Rows of an earlier report (``results.csv`` in ``--out``) for presets this work dir has no run of, so the
-    zoo can be completed across separate invocations (one machine, one budget)."""
-    import csv
-
-    if not csv_path.is_file():
-        return {}
-    kept: Dict[str, List[Tuple[Run, dict]]] = {}
-    with open(csv_path, newline="") as f:
-        for rec in csv.DictReader(f):
-            if rec["preset"] in trained:
-                continue
-            row = {k: (None if v in ("", "None", None) else v if k == "torch" else float(v)) for k, v in rec.items()
-                   if k not in ("mechanism", "preset", "seed")}
-            kept.setdefault(rec["preset"], []).append((Run(rec["mechanism"], rec["preset"], int(rec["seed"]), Path()), row))
-    return kept
-
-
-def _plot_lines(out: Path) -> List[str]:
-    """Markdown for the summary and every set of sweep plots in ``out``."""
-    lines = ["![summary](summary.png)", ""]
-    for png in sorted(out.glob("corruptions*.png")):
-        suffix = png.stem[len("corruptions"):]
-        lines += [f"![gaussian noise](corruptions{suffix}.png) ![logit noise](logit_noise{suffix}.png) "
-                  f"![resolution](resolution{suffix}.png)", ""]
-    return lines
-
-
-def _plot_summary(rows: Dict[str, List[Tuple[Run, dict]]], path: Path) -> None:
+def _plot_summary(rows: Dict[str, List[dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = ("val acc", "gauss sev1-5", "logit sigma=1", "2x res")
-    labels = [runs[0][0].label for runs in rows.values()]
+    labels = [preset_rows[0]["label"] for preset_rows in rows.values()]
     fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
         means = []
         for preset_runs in rows.values():
-            known = [row[key] for _, row in preset_runs if row[key] is not None]
+            known = [r["row"][key] for r in preset_runs if r["row"][key] is not None]
             means.append(100 * _mean(known) if known else 0.0)
         ax.bar([x + i * width for x in range(len(labels))], means, width, label=key)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=35, ha="right", fontsize=8)
@@ -483,6 +462,9 @@ def parse_args(argv=None):
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Hydra override for every training run, after the budget's (repeatable); "
                         "a run dir trained with other overrides is not retrained")
+    p.add_argument("--merge", type=Path, nargs="+", default=[], metavar="PATH",
+                   help="report: result files, or folders of them (another call's <out>/per-run), to add to the "
+                        "table; a file of a run already there replaces it")
     p.add_argument("--batch-size", type=int, default=128, help="profile: training batch size")
     p.add_argument("--steps", type=int, default=10, help="profile: timed training steps")
     p.add_argument("--profile-one", type=Path, default=None, help=argparse.SUPPRESS)
@@ -499,8 +481,15 @@ def main(argv=None) -> None:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"unknown phase(s) {unknown}; choose from {list(PHASES)}")
+    if args.merge and "report" not in phases:
+        raise SystemExit("--merge joins result files in the report phase; add report to --phases")
+    only = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
+    unknown = sorted(set(only or ()) - {preset for _, preset in PRESETS})
+    if unknown:
+        raise SystemExit(f"unknown preset(s) {unknown}; choose from configs/model/: "
+                         f"{', '.join(preset for _, preset in PRESETS)}")
     work = (args.work or ROOT / "logs" / "zoo" / args.budget).resolve()
-    runs = plan(budget, work, args.presets.split(",") if args.presets else None)
+    runs = plan(budget, work, only)
     if "train" in phases or "eval" in phases:
         if args.data is None:
             raise SystemExit("--data is required for the train and eval phases")
@@ -512,9 +501,14 @@ def main(argv=None) -> None:
     if "eval" in phases:
         evaluate(runs, budget, data_root, work)
     if "report" in phases:
-        command = f"python benchmarks/zoo.py --budget {args.budget} --data {args.data or '<CIFAR-10 JPEG tree>'}"
-        command += "".join(f" --override {o}" for o in args.override)
-        report(runs, args.budget, budget, work, (args.out or ROOT / "docs" / "zoo" / args.budget).resolve(), command)
+        out = (args.out or ROOT / "docs" / "zoo" / args.budget).resolve()
+        per_run = out / "per-run"
+        lines = zoo_results.add(collect(runs, args.budget, budget, work, args.override), per_run, args.budget)
+        lines += zoo_results.merge(args.merge, per_run, args.budget) if args.merge else []
+        for line in lines:
+            print(f"[report] {line}", flush=True)
+        command = f"python benchmarks/zoo.py --budget {args.budget} --phases report"
+        report(zoo_results.load_all(per_run, args.budget), args.budget, budget, out, command)
 
 
 if __name__ == "__main__":

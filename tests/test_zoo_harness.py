@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 
 import cv2
 import numpy as np
+import pytest
 import torch
 
 from conftest import ROOT
@@ -45,7 +47,7 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
         assert all(value not in ("", "None") for value in row.values()), row
         assert 0.0 <= float(row["val acc"]) <= 1.0 and 0.0 < float(row["entropy init"]) <= 1.0 + 1e-6
     table = (out / "results.md").read_text()
-    assert "| softmax | `vit_softmax` | 0,1 |" in table and "--override trainer.max_epochs=1" in table
+    assert "| softmax | `vit_softmax` | 0,1 |" in table and "with `trainer.max_epochs=1 data.batch_size=16" in table
     assert "img/s (training step, batch 8)" in table and f"torch {torch.__version__} for every row" in table
     assert {row["torch"] for row in rows} == {torch.__version__}
     for png in ("summary.png", "corruptions.png", "logit_noise.png", "resolution.png"):
@@ -55,24 +57,44 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count(": done") == 3 and "[eval] done" in again.stdout
 
-    # A later invocation (another work dir) adds its preset; the earlier rows and plots stay in the report, each
-    # row with the torch it was profiled under.
-    for row in rows:
-        row["torch"] = "0.0.1" if row["preset"] == "nonlocal_resnet_linear" else row["torch"]
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    more = [a if a != work else tmp_path / "work2" for a in args]
+    for row in rows:  # the table's numbers are those of the run's eval records
+        result = json.loads((out / "per-run" / f"{row['preset']}-s{row['seed']}.json").read_text())
+        records = result["robustness"]["records"]
+        gauss = [r["acc1"] for r in records if r["test"] == "gaussian_noise"]
+        assert float(row["gauss sev1-5"]) == pytest.approx(sum(gauss) / len(gauss)) and len(gauss) == 5
+        largest = max(r["level"] for r in records if r["test"] == "resolution")
+        assert largest == 2 * result["robustness"]["img_size"]
+        assert float(row["2x res"]) == pytest.approx(
+            next(r["acc1"] for r in records if r["test"] == "resolution" and r["level"] == largest))
+
+    # Another call (another machine: its own work and out dirs) trains one more preset; its result files merge into
+    # the first table, which then holds every row and draws every run's curves.
+    work2, out2 = tmp_path / "work2", tmp_path / "report2"
+    more = [work2 if a == work else out2 if a == out else a for a in args]
     more[more.index("vit_softmax,nonlocal_resnet_linear")] = "vit_efficient"
     added = _zoo(*more)
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
+    shipped = json.loads((out2 / "per-run" / "vit_efficient-s0.json").read_text())
+    shipped["profile"]["torch"] = shipped["row"]["torch"] = "0.0.1"  # as if profiled under another torch
+    (out2 / "per-run" / "vit_efficient-s0.json").write_text(json.dumps(shipped))
+    merged = _zoo("--budget", "cpu", "--phases", "report", "--work", work, "--out", out, "--override",
+                  "trainer.max_epochs=1", "--override", "data.batch_size=16", "--override", "data.num_workers=0",
+                  "--merge", out2 / "per-run")
+    assert merged.returncode == 0, merged.stdout[-3000:] + merged.stderr[-3000:]
+    assert "vit_efficient-s0.json: added from" in merged.stdout
     with open(out / "results.csv") as f:
         presets = [r["preset"] for r in csv.DictReader(f)]
     assert presets == ["vit_softmax", "vit_softmax", "vit_efficient", "nonlocal_resnet_linear"]
     table = (out / "results.md").read_text()
-    assert "Rows kept from the earlier report" in table and "`nonlocal_resnet_linear`" in table
-    assert f"torch {torch.__version__} for `vit_softmax`, `vit_efficient`; torch 0.0.1 for `nonlocal_resnet_linear`" \
-        in table
-    assert (out / "corruptions.png").is_file() and (out / "corruptions_vit_efficient.png").is_file()
-    assert "corruptions_vit_efficient.png" in table
+    assert "4 runs, one result file each" in table and "No sweep curves" not in table
+    assert f"torch {torch.__version__} for `vit_softmax`, `nonlocal_resnet_linear`; " in table
+    assert "torch 0.0.1 for `vit_efficient`" in table
+
+    # A run trained with another recipe does not merge into this table; nothing is written.
+    shipped["overrides"] = ["trainer.max_epochs=3"]
+    (tmp_path / "other.json").write_text(json.dumps(shipped))
+    before = sorted(p.read_text() for p in (out / "per-run").iterdir())
+    refused = _zoo("--budget", "cpu", "--phases", "report", "--work", tmp_path / "none", "--out", out,
+                   "--merge", tmp_path / "other.json")
+    assert refused.returncode != 0 and "report it into another --out" in refused.stderr
+    assert sorted(p.read_text() for p in (out / "per-run").iterdir()) == before
