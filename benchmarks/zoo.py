@@ -142,7 +142,7 @@ def train(runs: List[Run], budget: Budget, data_root: Path, overrides: Sequence[
             continue
         cmd = [sys.executable, "train.py", f"experiment={budget.experiment}", f"model={run.preset}",
                f"seed={run.seed}", f"data.root={data_root}", f"hydra.run.dir={run.dir}",
-               "+trainer.enable_progress_bar=false", *model_overrides(budget, run.preset), *overrides]
+               *model_overrides(budget, run.preset), *overrides]
         if run.last_ckpt.is_file():
             cmd.append(f"ckpt_path={run.last_ckpt}")
         print(f"[train {i}/{len(runs)}] {run.name} ...", flush=True)

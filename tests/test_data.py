@@ -154,3 +154,18 @@ def test_imagefolder_errors_name_the_fix(tmp_path):
 def test_batch_larger_than_train_set_is_a_clear_error():
     with pytest.raises(ValueError, match="lower data.batch_size"):
         SyntheticDataModule(img_size=8, num_train=4, batch_size=8).setup("fit")
+
+
+@pytest.mark.parametrize("device_cache", [False, True])
+def test_labels_outside_the_classes_are_one_error_at_setup(device_cache):
+    """Checked once per split, so no per-batch check (a host sync on a GPU) is needed later."""
+    class Mislabelled(SyntheticDataModule):
+        def load_split(self, split):
+            images, labels = super().load_split(split)
+            labels[3] = 12
+            return images, labels
+
+    dm = Mislabelled(img_size=8, num_train=16, num_val=8, batch_size=4, device_cache=device_cache)
+    with pytest.raises(ValueError, match=r"the train split has labels \[12\] outside 0..9 .*num_classes=10"):
+        dm.setup("fit")
+    SyntheticDataModule(img_size=8, num_train=16, num_val=8, batch_size=4, device_cache=device_cache).setup("fit")

@@ -8,15 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import RichProgressBar
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import FAST_DATA, FAST_VIT, QUIET, ROOT, compose_config
 from vitzoo.data import DigitsDataModule
 from vitzoo.robustness.run import evaluate_checkpoints
-from vitzoo.training import (ImageClassifier, build_optimizer, evaluate, load_classifier, read_checkpoint, train,
-                             warmup_cosine)
+from vitzoo.training import (ImageClassifier, ThrottledProgressBar, build_classifier, build_optimizer, evaluate,
+                             load_classifier, read_checkpoint, train, warmup_cosine)
 
 
 def test_warmup_cosine_shape():
@@ -205,3 +208,58 @@ def test_cli_errors_are_one_line_naming_the_fix(tmp_path):
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "use another .ckpt" in lines[0], proc.stderr
+
+
+# Ops whose answer the host must wait for on a GPU: a tensor read as a number, or an output sized by the data.
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
+            "bincount", "repeat_interleave"}
+
+
+class _SyncOps(TorchDispatchMode):
+    """Every aten op that would make the host wait for the device, with the training step it ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.step, self.seen = -1, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in SYNC_OPS:
+            self.seen.append((self.step, func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+class _MarkSteps(L.Callback):
+    def __init__(self, ops: _SyncOps):
+        self.ops = ops
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.ops.step = batch_idx
+
+
+@pytest.mark.parametrize("bar", ["throttled", "stock"])
+def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
+    """A training step of the gpu zoo recipe (mixup/cutmix, fused AdamW; forward, loss, logging, optimiser and
+    the progress bar's hooks) asks the device for no number: each would stall a GPU's queue. On the CPU the same
+    ops show where a GPU would wait. Lightning itself reads every step's prog_bar metrics, and the stock bar
+    needs them: with it the check sees a sync per step; ours reads the step loss once a second."""
+    recipe = ["module.mixup.mixup_alpha=0.8", "module.mixup.cutmix_alpha=1.0", "module.optim.fused=true"]
+    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "data.num_train=320", *recipe])
+    datamodule = instantiate(cfg.data)
+    module = build_classifier(cfg, datamodule)
+    if bar == "stock":  # what the module did before: the step loss on the stock bar
+        log = module.log
+        module.log = lambda name, value, **kw: log(name, value, **{**kw, "prog_bar": kw.get("prog_bar") or
+                                                                   name == "train/loss"})
+    progress = ThrottledProgressBar(metrics_interval_s=3600) if bar == "throttled" else RichProgressBar()
+    ops = _SyncOps()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, callbacks=[progress, _MarkSteps(ops)])
+    with ops:
+        trainer.fit(module, datamodule=datamodule)
+    steps = range(1, 19)  # 20 steps; the first reads the bar's metrics once, the last runs into the epoch's end
+    per_step = [sum(1 for step, _ in ops.seen if step == s) for s in steps]
+    if bar == "throttled":
+        assert per_step == [0] * len(steps), ops.seen
+        assert set(progress.get_metrics(trainer, module)) >= {"train/loss_step"}  # the bar still shows the loss
+    else:
+        assert all(n >= 1 for n in per_step) and "_local_scalar_dense" in {name for _, name in ops.seen}

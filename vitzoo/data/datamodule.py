@@ -95,6 +95,16 @@ class ImageDataModule(L.LightningDataModule):
         """(images, labels) of ``split``: 'train' or 'val'."""
         raise NotImplementedError
 
+    def _load(self, split: str) -> Tuple[Images, Sequence[int]]:
+        """``load_split`` with its labels checked against ``num_classes`` (once per split, not per batch)."""
+        images, labels = self.load_split(split)
+        outside = sorted({int(x) for x in np.unique(np.asarray(labels, dtype=np.int64))
+                          if not 0 <= x < self.num_classes})
+        if outside:
+            raise ValueError(f"the {split} split has labels {outside[:5]} outside 0..{self.num_classes - 1} "
+                             f"({type(self).__name__}.num_classes={self.num_classes}); fix the labels or the class count")
+        return images, labels
+
     def cache_file(self, split: str) -> Optional[Path]:
         """Where the device path keeps ``split`` decoded; None: decode in memory on every run (data sets that
         are arrays already). Image folders override it."""
@@ -117,7 +127,7 @@ class ImageDataModule(L.LightningDataModule):
         return True
 
     def _decoded(self, split: str) -> Tuple[torch.Tensor, np.ndarray]:
-        images, labels = self.load_split(split)
+        images, labels = self._load(split)
         cache = self.cache_file(split)
         decoded = decode_split(images, self.img_size) if cache is None else \
             load_or_build_cache(cache, images, labels, self.img_size)
@@ -134,11 +144,11 @@ class ImageDataModule(L.LightningDataModule):
         # val_dataset exists on both paths: callbacks and eval.py read single images from it.
         if self.device_splits is None and stage in (None, "fit") and self.train_dataset is None:
             train_tf = build_train_transform(self.img_size, self.mean, self.std, **self.aug)
-            self.train_dataset = ImageDataset(*self.load_split("train"), train_tf)
+            self.train_dataset = ImageDataset(*self._load("train"), train_tf)
             self._check_batch_size(len(self.train_dataset))
         if self.val_dataset is None:
             eval_tf = build_eval_transform(self.img_size, self.mean, self.std)
-            self.val_dataset = ImageDataset(*self.load_split("val"), eval_tf)
+            self.val_dataset = ImageDataset(*self._load("val"), eval_tf)
 
     def _check_batch_size(self, num_train: int) -> None:
         if num_train < self.batch_size:

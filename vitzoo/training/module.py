@@ -42,9 +42,11 @@ def _options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[st
 
 
 def _metrics(num_classes: int) -> MetricCollection:
+    # validate_args=False: torchmetrics' per-batch label check (torch.unique) is a host sync every step; labels
+    # are checked once per split by the data module, and cross_entropy rejects any out of range before this.
     return MetricCollection({
-        "acc1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-        "acc5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+        "acc1": MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False),
+        "acc5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro", validate_args=False),
     })
 
 
@@ -91,7 +93,9 @@ class ImageClassifier(L.LightningModule):
             loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
             self.train_metrics.update(logits.detach(), labels)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
+        # not prog_bar: Lightning would read it as a number after every step, a host sync on a GPU
+        # (ThrottledProgressBar shows train/loss_step at most once a second instead)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=True)
         return loss
 
     def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:

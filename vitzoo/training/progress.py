@@ -10,12 +10,13 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 
-__all__ = ["EpochLog", "console_is_terminal", "opening_line", "closing_summary"]
+__all__ = ["EpochLog", "ThrottledProgressBar", "console_is_terminal", "opening_line", "closing_summary"]
 
 log = logging.getLogger(__name__)
 WHEN = ("auto", "always", "never")
@@ -89,6 +90,32 @@ class EpochLog(L.Callback):
             epoch_text = f"epoch {epoch}"
         log.info("%s step %d | %s | %s", epoch_text, trainer.global_step, _epoch_metrics(trainer.callback_metrics),
                  timing)
+
+
+class ThrottledProgressBar(RichProgressBar):
+    """Lightning's rich progress bar without a host sync per step. A metric logged with ``prog_bar=True`` on
+    every step is turned into a number after every step, by Lightning itself: on a GPU the host then waits for
+    the step to finish before it can queue the next. So step metrics are logged without ``prog_bar`` and this
+    bar reads the ones named in ``live_metrics`` from the callback metrics at most every ``metrics_interval_s``
+    seconds while training (epoch-level ones, such as ``val/acc1``, as Lightning shows them)."""
+
+    def __init__(self, metrics_interval_s: float = 1.0, live_metrics: Sequence[str] = ("train/loss_step",),
+                 **kwargs: Any):
+        if not metrics_interval_s >= 0:
+            raise ValueError(f"callbacks.rich_progress_bar.metrics_interval_s={metrics_interval_s!r}; give seconds >= 0")
+        super().__init__(**kwargs)
+        self.metrics_interval_s, self.live_metrics = metrics_interval_s, tuple(live_metrics)
+        self._metrics: Optional[Dict[str, Any]] = None
+        self._read_at = 0.0
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Dict[str, Any]:
+        now = time.monotonic()
+        if self._metrics is None or not trainer.training or now - self._read_at >= self.metrics_interval_s:
+            live = trainer.callback_metrics
+            self._metrics = {**super().get_metrics(trainer, pl_module),
+                             **{name: float(live[name]) for name in self.live_metrics if name in live}}
+            self._read_at = now
+        return self._metrics
 
 
 def opening_line(run_dir: Path, module: L.LightningModule, checkpoint: Optional[Dict[str, Any]],
