@@ -11,11 +11,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import RichProgressBar
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import FAST_DATA, FAST_VIT, QUIET, ROOT, compose_config
+from conftest import FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config
 from vitzoo.data import DigitsDataModule
 from vitzoo.robustness.run import evaluate_checkpoints
 from vitzoo.training import (ImageClassifier, ThrottledProgressBar, build_classifier, build_optimizer, evaluate,
@@ -263,3 +264,27 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
         assert set(progress.get_metrics(trainer, module)) >= {"train/loss_step"}  # the bar still shows the loss
     else:
         assert all(n >= 1 for n in per_step) and "_local_scalar_dense" in {name for _, name in ops.seen}
+
+
+@pytest.mark.parametrize("preset", ["nonlocal_resnet_softmax", "vit_linear"])
+def test_channels_last_gives_the_same_logits_and_gradients(tmp_path, preset):
+    """module.channels_last is a memory layout, not a different network: logits and loss gradients agree with
+    the default layout's."""
+    size = FAST_RESNET if preset.startswith("nonlocal") else FAST_VIT
+    cfg = compose_config(tmp_path, [*FAST_DATA, *size, f"model={preset}"])
+    datamodule = instantiate(cfg.data)
+    torch.manual_seed(0)
+    plain = build_classifier(cfg, datamodule)
+    cfg.module.channels_last = True
+    nhwc = build_classifier(cfg, datamodule)
+    nhwc.load_state_dict(plain.state_dict())
+    assert any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
+               and not p.is_contiguous() for p in nhwc.parameters())
+    x, y = torch.randn(6, 3, 16, 16), torch.randint(0, 10, (6,))
+    for module in (plain, nhwc):
+        F.cross_entropy(module(x), y).backward()
+    torch.testing.assert_close(nhwc(x), plain(x), atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(plain.named_parameters(), nhwc.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="module.channels_last='yes'; give true or false"):
+        ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, channels_last="yes")
