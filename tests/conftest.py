@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -40,3 +41,21 @@ class CrashAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
             raise RuntimeError(f"simulated crash after step {self.step}")
+
+
+# Ops whose answer the host must wait for on a GPU: a tensor read as a number, or an output sized by the data.
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
+            "bincount", "repeat_interleave"}
+
+
+class SyncOps(TorchDispatchMode):
+    """Every aten op that would make the host wait for the device, with the training step it ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.step, self.seen = -1, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in SYNC_OPS:
+            self.seen.append((self.step, func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))

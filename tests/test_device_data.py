@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import QUIET, compose_config
-from vitzoo.data import DigitsDataModule, ImageFolderDataModule, build_eval_transform, build_train_transform
+from conftest import QUIET, SyncOps, compose_config
+from vitzoo.data import (DigitsDataModule, ImageFolderDataModule, SyntheticDataModule, build_eval_transform,
+                         build_train_transform)
 from vitzoo.data.device_data import DeviceBatches, decode_split
 from vitzoo.training import train
 
@@ -179,3 +180,14 @@ def test_a_validate_only_setup_decodes_nothing(tmp_path):
     dm.setup("validate")
     assert dm.device_splits is None and not (tmp_path / ".vitzoo-cache").exists()
     assert len(torch.cat([y for _, y in dm.val_dataloader()])) == 2
+
+
+def test_device_batches_ask_the_device_for_no_number():
+    """Crop offsets, flips and the shuffle stay tensors: no op a GPU would make the host wait on, per batch."""
+    dm = SyntheticDataModule(img_size=16, num_train=256, num_val=64, batch_size=32, device_cache=True)
+    dm.setup("fit")
+    loader, ops = dm.train_dataloader(), SyncOps()  # built once per fit
+    with ops:
+        for _epoch in range(2):
+            batches = [y for _, y in loader]
+    assert len(batches) == 8 and ops.seen == []

@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import RichProgressBar
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config
+from conftest import FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, SyncOps, compose_config
 from vitzoo.data import DigitsDataModule
 from vitzoo.robustness.run import evaluate_checkpoints
 from vitzoo.training import (ImageClassifier, ThrottledProgressBar, build_classifier, build_optimizer, evaluate,
@@ -211,26 +210,8 @@ def test_cli_errors_are_one_line_naming_the_fix(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "use another .ckpt" in lines[0], proc.stderr
 
 
-# Ops whose answer the host must wait for on a GPU: a tensor read as a number, or an output sized by the data.
-SYNC_OPS = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
-            "bincount", "repeat_interleave"}
-
-
-class _SyncOps(TorchDispatchMode):
-    """Every aten op that would make the host wait for the device, with the training step it ran in."""
-
-    def __init__(self):
-        super().__init__()
-        self.step, self.seen = -1, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in SYNC_OPS:
-            self.seen.append((self.step, func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
-
-
 class _MarkSteps(L.Callback):
-    def __init__(self, ops: _SyncOps):
+    def __init__(self, ops: SyncOps):
         self.ops = ops
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -252,7 +233,7 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
         module.log = lambda name, value, **kw: log(name, value, **{**kw, "prog_bar": kw.get("prog_bar") or
                                                                    name == "train/loss"})
     progress = ThrottledProgressBar(metrics_interval_s=3600) if bar == "throttled" else RichProgressBar()
-    ops = _SyncOps()
+    ops = SyncOps()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, callbacks=[progress, _MarkSteps(ops)])
     with ops:
