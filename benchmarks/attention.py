@@ -3,7 +3,7 @@
     python benchmarks/attention.py                       # CPU (then CUDA if present), n = 256 .. 65536, B=1 H=3 D=64
     python benchmarks/attention.py --max-n 4096 --reps 3 --no-memory
     python benchmarks/attention.py --device cuda --dtype bf16 --batch 64 --heads 1   # the GPU target
-    python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8 inference
+    python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8, batch 8: inference, train step
     python benchmarks/attention.py --e2e-only            # only that
     python benchmarks/attention.py --device cpu --min-n 16384 --max-n 16384 --retain-freed-memory   # the CPU target
 
@@ -132,9 +132,14 @@ def parse_args(argv=None):
     p.add_argument("--case-seconds", type=float, default=30.0, help="fewer reps for cases slower than this")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--out", default="benchmarks/results", help="folder for the CSV and PNG")
-    p.add_argument("--e2e", action="store_true", help="also time ViT-Tiny 1024x1024/8 inference, linear vs softmax")
+    p.add_argument("--e2e", action="store_true",
+                   help="also ViT-Tiny at 1024x1024 patch 8: inference and training-step img/s, linear vs softmax")
     p.add_argument("--e2e-only", action="store_true", help="only the end-to-end comparison (no sweep)")
     p.add_argument("--e2e-reps", type=int, default=2)
+    p.add_argument("--e2e-batch", type=int, default=None, help="default: 8 on CUDA, 1 on CPU")
+    p.add_argument("--e2e-img-size", type=int, default=1024, help="a multiple of the patch size 8")
+    p.add_argument("--e2e-modes", default=None, help="comma list from inference,train (default: both on CUDA; "
+                   "inference on CPU, where softmax's 16k-token training step takes minutes)")
     p.add_argument("--retain-freed-memory", action="store_true",
                    help="CPU: keep freed blocks in glibc's heap for every mechanism (see the module docstring)")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
@@ -152,6 +157,14 @@ def parse_args(argv=None):
         p.error(f"unknown mechanisms {sorted(unknown)}; choose from {list(MECHANISMS)}")
     args.mechanisms = names
     args.sizes = [n for n in (2 ** e for e in range(4, 21)) if args.min_n <= n <= args.max_n]
+    cuda = args.device.type == "cuda"
+    args.e2e_batch = args.e2e_batch or (8 if cuda else 1)
+    args.e2e_modes = (args.e2e_modes or ("inference,train" if cuda else "inference")).split(",")
+    if set(args.e2e_modes) - {"inference", "train"}:
+        p.error(f"--e2e-modes {','.join(args.e2e_modes)}: choose from inference,train")
+    if args.e2e_img_size % 8 or args.e2e_img_size <= 0 or args.e2e_batch <= 0:
+        p.error(f"--e2e-img-size {args.e2e_img_size} / --e2e-batch {args.e2e_batch}: give a positive multiple of "
+                "the patch size 8 and a positive batch")
     return args
 
 
@@ -395,31 +408,69 @@ def plot(path: Path, args, times, memory) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _e2e_step(model, x, mode: str, optimizer, autocast):
+    """One inference pass, or (``mode`` "train") one training step: forward, cross-entropy, backward, AdamW."""
+    if mode == "inference":
+        with torch.inference_mode(), autocast:
+            model(x)
+        return
+    with autocast:
+        loss = torch.nn.functional.cross_entropy(model(x), torch.zeros(len(x), dtype=torch.long, device=x.device))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 def e2e(args) -> None:
-    """ViT-Tiny at 1024x1024, patch 8 (16,384 tokens): inference time, linear vs softmax, interleaved."""
+    """ViT-Tiny at ``--e2e-img-size`` (1024), patch 8 (16,384 tokens), batch ``--e2e-batch``: img/s of an
+    inference pass and of a training step (``--e2e-modes``), linear vs softmax, interleaved; on CUDA also each
+    one's peak memory."""
     import vitzoo
 
-    models = {att: vitzoo.create_model("vit_tiny", attention=att, img_size=1024, patch_size=8).eval().to(args.device)
+    size, batch, cuda = args.e2e_img_size, args.e2e_batch, args.device.type == "cuda"
+    tokens = (size // 8) ** 2
+    models = {att: vitzoo.create_model("vit_tiny", attention=att, img_size=size, patch_size=8).to(args.device)
               for att in ("linear", "softmax")}
-    x = torch.randn(1, 3, 1024, 1024, device=args.device)
-    samples = {att: [] for att in models}
+    optimizers = {att: torch.optim.AdamW(m.parameters(), lr=1e-4) for att, m in models.items()}
+    x = torch.randn(batch, 3, size, size, device=args.device)
     autocast = torch.autocast(args.device.type, dtype=args.dtype, enabled=args.dtype != torch.float32)
-    with torch.inference_mode(), autocast:
-        for rep in range(args.e2e_reps + 1):  # the first round is the warm-up
+    rows = []
+    for mode in args.e2e_modes:
+        samples, peak = {att: [] for att in models}, {}
+        for rep in range(args.e2e_reps + 1):  # the first round is the warm-up (and the peak-memory pass)
             for att, model in models.items():
-                t = timed(lambda: model(x), args.device)
+                model.train(mode != "inference")
+                if cuda and not rep:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(args.device)
+                    base = torch.cuda.memory_allocated(args.device)
+                t = timed(lambda: _e2e_step(model, x, mode, optimizers[att], autocast), args.device)
                 if rep:
                     samples[att].append(t)
-    lin, soft = (summarise(samples[a], args) for a in ("linear", "softmax"))
-    print(f"\n## end to end: ViT-Tiny 1024x1024 patch 8 (16,384 tokens), batch 1 inference, {args.device.type} "
-          f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps}")
-    print(f"| vit_linear ms | vit_softmax ms | softmax / linear |\n|---|---|---|\n"
-          f"| {lin * 1e3:.0f} | {soft * 1e3:.0f} | {soft / lin:.1f}x |")
+                elif cuda:
+                    peak[att] = (torch.cuda.max_memory_allocated(args.device) - base) / 2**20
+        for att in models:
+            rows.append(dict(mode=mode, model=f"vit_{att}", img_per_s=batch / summarise(samples[att], args),
+                             peak_mb=peak.get(att)))
+    print(f"\n## end to end: ViT-Tiny {size}x{size} patch 8 ({tokens:,} tokens), batch {batch}, {args.device.type} "
+          f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps} (peak: above the weights and inputs)")
+    print("| mode | model | img/s | peak MB |\n|---|---|---|---|")
+    for r in rows:
+        peak_cell = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
+        print(f"| {r['mode']} | {r['model']} | {r['img_per_s']:.3g} | {peak_cell} |")
+    for mode in args.e2e_modes:
+        lin, soft = (next(r["img_per_s"] for r in rows if r["mode"] == mode and r["model"] == m)
+                     for m in ("vit_linear", "vit_softmax"))
+        print(f"{mode}: vit_linear / vit_softmax img/s = {lin / soft:.2f}x")
     out = Path(args.out) / f"attention_{args.device.type}_e2e.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"device,dtype,model,img_size,patch_size,tokens,vit_linear_ms,vit_softmax_ms,ratio\n"
-                   f"{args.device.type},{str(args.dtype)[6:]},vit_tiny,1024,8,16384,{lin * 1e3:.1f},{soft * 1e3:.1f},"
-                   f"{soft / lin:.2f}\n")
+    with open(out, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["device", "dtype", "model", "img_size", "patch_size", "tokens", "batch", "mode", "img_per_s",
+                         "peak_mb"])
+        for r in rows:
+            writer.writerow([args.device.type, str(args.dtype)[6:], r["model"], size, 8, tokens, batch, r["mode"],
+                             f"{r['img_per_s']:.4g}", "" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"])
 
 
 def main(argv=None) -> None:
