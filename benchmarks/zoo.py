@@ -23,6 +23,9 @@ Phases (``--phases``, default all, each skips what is already done, so a stopped
 
     python benchmarks/zoo.py --budget gpu --phases report --merge /elsewhere/zoo/per-run   # join another call's runs
 
+``--per-run`` takes each run through every phase (an eval.py call of its own, into its run dir) and writes its
+result file before the next run starts: a call that is stopped (a GPU loan's time limit) keeps what it finished.
+
 ``--data`` is the CIFAR-10 JPEG tree (a folder holding ``train/<class>/*.jpg``) or its ``.tar.gz``,
 unpacked once to ``~/.cache/vitzoo/``.
 """
@@ -275,14 +278,17 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def collect(runs: List[Run], budget_name: str, budget: Budget, work: Path, overrides: Sequence[str]) -> List[tuple]:
-    """(run dir, result file) of every trained run in this work dir, with its eval records where evaluated."""
-    eval_json = work / "eval" / "robustness.json"
-    robustness = json.loads(eval_json.read_text()) if eval_json.is_file() else {}
+    """(run dir, result file) of every trained run in this work dir, with its eval records where evaluated (by
+    a ``--per-run`` call in the run dir, or by one call over the work dir)."""
+    evals = [json.loads(p.read_text()) for p in (work / "eval" / "robustness.json",) if p.is_file()]
     out = []
     for run in runs:
         if not (run.dir / "metrics.json").is_file():
             continue
         prof = json.loads((run.dir / "profile.json").read_text()) if (run.dir / "profile.json").is_file() else {}
+        own = run.dir / "eval" / "robustness.json"
+        robustness = next((e for e in ([json.loads(own.read_text())] if own.is_file() else []) + evals
+                           if _eval_key(run) in e["checkpoints"]), {})
         ckpt = robustness.get("checkpoints", {}).get(_eval_key(run))
         records = {"sweep": robustness["sweep"], "img_size": ckpt["img_size"],
                    "records": [r for r in robustness["records"] if r["checkpoint"] == _eval_key(run)]} if ckpt else None
@@ -465,6 +471,9 @@ def parse_args(argv=None):
     p.add_argument("--merge", type=Path, nargs="+", default=[], metavar="PATH",
                    help="report: result files, or folders of them (another call's <out>/per-run), to add to the "
                         "table; a file of a run already there replaces it")
+    p.add_argument("--per-run", action="store_true",
+                   help="each run through every phase (its own eval.py call) and into its result file before the "
+                        "next run starts, so a call that is stopped keeps every finished run (a GPU loan)")
     p.add_argument("--batch-size", type=int, default=128, help="profile: training batch size")
     p.add_argument("--steps", type=int, default=10, help="profile: timed training steps")
     p.add_argument("--profile-one", type=Path, default=None, help=argparse.SUPPRESS)
@@ -494,21 +503,25 @@ def main(argv=None) -> None:
         if args.data is None:
             raise SystemExit("--data is required for the train and eval phases")
         data_root = resolve_data(args.data)
-    if "train" in phases:
-        train(runs, budget, data_root, args.override)
-    if "profile" in phases:
-        profile(runs, args.batch_size, args.steps)
-    if "eval" in phases:
-        evaluate(runs, budget, data_root, work)
-    if "report" in phases:
-        out = (args.out or ROOT / "docs" / "zoo" / args.budget).resolve()
-        per_run = out / "per-run"
-        lines = zoo_results.add(collect(runs, args.budget, budget, work, args.override), per_run, args.budget)
-        lines += zoo_results.merge(args.merge, per_run, args.budget) if args.merge else []
-        for line in lines:
-            print(f"[report] {line}", flush=True)
-        command = f"python benchmarks/zoo.py --budget {args.budget} --phases report"
-        report(zoo_results.load_all(per_run, args.budget), args.budget, budget, out, command)
+    out = (args.out or ROOT / "docs" / "zoo" / args.budget).resolve()
+    merge = args.merge
+    # --per-run: each run through every phase (its eval in its own dir) and into its result file before the next
+    for group, eval_work in ([([run], run.dir) for run in runs] if args.per_run else [(runs, work)]):
+        if "train" in phases:
+            train(group, budget, data_root, args.override)
+        if "profile" in phases:
+            profile(group, args.batch_size, args.steps)
+        if "eval" in phases:
+            evaluate(group, budget, data_root, eval_work)
+        if "report" in phases:
+            per_run = out / "per-run"
+            lines = zoo_results.add(collect(group, args.budget, budget, work, args.override), per_run, args.budget)
+            lines += zoo_results.merge(merge, per_run, args.budget) if merge else []
+            merge = []  # once
+            for line in lines:
+                print(f"[report] {line}", flush=True)
+            command = f"python benchmarks/zoo.py --budget {args.budget} --phases report"
+            report(zoo_results.load_all(per_run, args.budget), args.budget, budget, out, command)
 
 
 if __name__ == "__main__":

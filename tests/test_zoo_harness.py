@@ -58,12 +58,12 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     assert again.stdout.count(": done") == 3 and "[eval] done" in again.stdout
 
     for row in rows:  # the table's numbers are those of the run's eval records
-        result = json.loads((out / "per-run" / f"{row['preset']}-s{row['seed']}.json").read_text())
-        records = result["robustness"]["records"]
+        saved = json.loads((out / "per-run" / f"{row['preset']}-s{row['seed']}.json").read_text())
+        records = saved["robustness"]["records"]
         gauss = [r["acc1"] for r in records if r["test"] == "gaussian_noise"]
         assert float(row["gauss sev1-5"]) == pytest.approx(sum(gauss) / len(gauss)) and len(gauss) == 5
         largest = max(r["level"] for r in records if r["test"] == "resolution")
-        assert largest == 2 * result["robustness"]["img_size"]
+        assert largest == 2 * saved["robustness"]["img_size"]
         assert float(row["2x res"]) == pytest.approx(
             next(r["acc1"] for r in records if r["test"] == "resolution" and r["level"] == largest))
 
@@ -72,9 +72,12 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     work2, out2 = tmp_path / "work2", tmp_path / "report2"
     more = [work2 if a == work else out2 if a == out else a for a in args]
     more[more.index("vit_softmax,nonlocal_resnet_linear")] = "vit_efficient"
-    added = _zoo(*more)
+    added = _zoo(*more, "--per-run")  # as on a GPU loan: the run's eval and result file before any next run
     assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
+    assert (work2 / "vit_efficient" / "seed0" / "eval" / "robustness.json").is_file()
+    assert not (work2 / "eval").exists()
     shipped = json.loads((out2 / "per-run" / "vit_efficient-s0.json").read_text())
+    assert len(shipped["robustness"]["records"]) == len(saved["robustness"]["records"])  # the same sweep
     shipped["profile"]["torch"] = shipped["row"]["torch"] = "0.0.1"  # as if profiled under another torch
     (out2 / "per-run" / "vit_efficient-s0.json").write_text(json.dumps(shipped))
     merged = _zoo("--budget", "cpu", "--phases", "report", "--work", work, "--out", out, "--override",
