@@ -19,6 +19,9 @@ pytest.importorskip("onnxscript", reason="the dynamo ONNX exporter needs onnxscr
 
 ATOL = 1e-4
 BACKBONES = ("vit", "resnet")
+# every mechanism, and the options that change the computation at sizes other than the training one
+SPECS = [*vitzoo.list_attentions(), {"name": "hydra", "rescale": True}]
+SPEC_IDS = [s if isinstance(s, str) else "-".join(f"{v}" for v in s.values()) for s in SPECS]
 
 
 def build(backbone: str, attention, depth: int = 1) -> torch.nn.Module:
@@ -74,7 +77,7 @@ def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo):
 
 
 @pytest.mark.parametrize("backbone", BACKBONES)
-@pytest.mark.parametrize("attention", vitzoo.list_attentions())
+@pytest.mark.parametrize("attention", SPECS, ids=SPEC_IDS)
 def test_torch_export_and_compile_fullgraph(attention, backbone):
     model, x = build(backbone, attention), inputs()
     with torch.no_grad():
@@ -134,7 +137,7 @@ FX_NODES = {"vit": ("blocks.1", "head"), "resnet": ("layer3", "fc")}  # (a featu
 
 
 @pytest.mark.parametrize("backbone", BACKBONES)
-@pytest.mark.parametrize("attention", vitzoo.list_attentions())
+@pytest.mark.parametrize("attention", SPECS, ids=SPEC_IDS)
 def test_fx_feature_extractor_matches_eager(attention, backbone):
     """torch.fx through timm's create_feature_extractor (torchvision's, with timm's leaf functions): the graph's
     intermediate feature and logits are eager's, at the traced size and at a larger, non-square one (whose patch

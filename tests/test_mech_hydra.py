@@ -66,6 +66,20 @@ def test_no_denominator_the_output_grows_with_repeated_tokens():
     torch.testing.assert_close(twice - bias, 2 * (once - bias), rtol=1e-5, atol=1e-6)
 
 
+def test_rescale_divides_the_shared_sum_by_the_token_ratio():
+    """rescale: out = phi(q) * (n_train / n) * sum_t phi(k_t) * v_t; the factor is 1 at the training size, and
+    repeating every token twice (the count doubled) no longer changes the output."""
+    plain, scaled = build("hydra", tokens=16).double(), build({"name": "hydra", "rescale": True}, tokens=16).double()
+    x = torch.randn(2, 16, 16, dtype=torch.float64)
+    torch.testing.assert_close(scaled(x), plain(x), rtol=0, atol=0)  # training size: the very same numbers
+    wide = torch.randn(2, 36, 16, dtype=torch.float64)
+    q, k, v = module_qkv(scaled, wide)
+    torch.testing.assert_close(scaled(wide), module_out(scaled, hydra_ref(q, k, v) * 16 / 36), rtol=1e-10,
+                               atol=1e-12)
+    torch.testing.assert_close(scaled(x.repeat_interleave(2, dim=1))[:, ::2], scaled(x), rtol=1e-10, atol=1e-12)
+    assert build({"name": "hydra", "rescale": True, "train_tokens": 32}, tokens=16).train_tokens == 32
+
+
 def test_gradcheck():
     attn = build({"name": "hydra", "heads": "projected", "head_dim": 3}, dim=8, tokens=4).double()
     assert gradcheck_module(attn, torch.randn(1, 4, 8, dtype=torch.float64))
@@ -75,6 +89,7 @@ def test_gradcheck():
     ({"name": "hydra", "scale": "log_n"}, {}, "no option"),
     ({"name": "hydra", "feature_map": "elu"}, {}, "no option"),
     ("hydra", dict(attn_drop=0.1), "attn_drop_rate=0"),
+    ({"name": "hydra", "rescale": "yes"}, {}, "give true or false"),
 ])
 def test_bad_options_are_one_line_naming_the_fix(spec, kwargs, fix):
     assert_one_line_error(spec, fix, 16, 2, **kwargs)

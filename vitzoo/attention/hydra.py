@@ -3,6 +3,8 @@ The mathematics: docs/mechanisms.md section 11.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import functional as AF
@@ -19,13 +21,16 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return x / torch.linalg.vector_norm(x, dim=(1, 3), keepdim=True).clamp_min(1e-12)
 
 
-def hydra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0) -> torch.Tensor:
-    """out = phi(Q) * sum_t phi(K_t) * V_t, channel by channel; logit noise is the factor exp(eps_t) on phi(K_t)."""
+def hydra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0,
+                    sum_scale: float = 1.0) -> torch.Tensor:
+    """out = phi(Q) * (sum_scale * sum_t phi(K_t) * V_t), channel by channel; logit noise is the factor exp(eps_t)
+    on phi(K_t)."""
     fk = _unit(k)
     noise = AF._key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
-    return (_unit(q) * (fk * AF.acc(v)).sum(dim=-2, keepdim=True)).to(v.dtype)
+    shared = (fk * AF.acc(v)).sum(dim=-2, keepdim=True)
+    return (_unit(q) * (shared * sum_scale if sum_scale != 1.0 else shared)).to(v.dtype)
 
 
 def hydra_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -39,16 +44,28 @@ class HydraAttention(ZooAttention):
     """Hydra: every channel is a head mixing with weights phi(q_i)_c phi(k_t)_c, no softmax, no denominator.
 
     ``num_heads`` / ``heads`` / ``head_dim`` shape the projections and group channels for ``probs``;
-    phi normalises over all H*D channels of a token, as in the paper.
+    phi normalises over all H*D channels of a token, as in the paper. ``rescale``: multiply the shared sum by
+    ``train_tokens / n`` (default: the tokens the model was built for), so its size does not grow with the
+    input's token count; the factor is 1 at the training size, so training and the weights are unchanged.
     """
 
     has_logits = False
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, rescale: bool = False,
+                 train_tokens: Optional[int] = None, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        if not isinstance(rescale, bool):
+            raise ValueError(f"hydra rescale={rescale!r}; give true or false")
+        self.rescale, self.train_tokens = rescale, train_tokens or self.num_tokens
+        if rescale and not self.train_tokens:
+            raise ValueError("hydra rescale=true needs the training token count: build it inside a vitzoo model "
+                             "or set train_tokens=<tokens at training resolution>")
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         _no_mask(attn_mask)
         if is_causal:
             raise ValueError("hydra has no causal form here; use attention='linear' with causal: true")
-        return hydra_attention(q, k, v, logit_noise)
+        return hydra_attention(q, k, v, logit_noise, self.train_tokens / k.shape[-2] if self.rescale else 1.0)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         return hydra_probs(q[:, :, query_index], k)
