@@ -93,6 +93,12 @@ def write(result: dict, folder: Path) -> Path:
     return path
 
 
+def _phases(result: dict) -> set:
+    """The phases a result file holds besides training."""
+    return {name for name, there in (("profile", result["profile"]),
+                                     ("eval", (result["robustness"] or {}).get("records"))) if there}
+
+
 def _recipe(result: dict) -> tuple:
     return result["recipe"], tuple(result["overrides"])
 
@@ -114,9 +120,10 @@ def expand(paths: Iterable[Path]) -> List[Path]:
 
 
 def add(results: Sequence[tuple], folder: Path, budget: str) -> List[str]:
-    """Put ``(origin, result)`` pairs into ``folder``, one file per preset and seed (a different file of the same
-    run replaces the old one). All must share the folder's recipe and overrides, so one table never mixes
-    recipes; that is checked for all of them before anything is written. Returns one line per result."""
+    """Put ``(origin, result)`` pairs into ``folder``, one file per preset and seed: a different file of the same
+    run replaces the old one, unless it is the same training lacking a phase the old one has (a work dir whose eval
+    was deleted). All must share the folder's recipe and overrides, so one table never mixes recipes; that is
+    checked for all of them before anything is written. Returns one line per result."""
     present = {file_name(r["preset"], r["seed"]): r for r in load_all(folder, budget)}
     recipes = {_recipe(r) for r in present.values()}
     for origin, result in results:
@@ -131,6 +138,10 @@ def add(results: Sequence[tuple], folder: Path, budget: str) -> List[str]:
         old = present.get(key)
         if old == result:
             lines.append(f"{key}: unchanged")
+            continue
+        if old is not None and old["metrics"] == result["metrics"] and _phases(old) - _phases(result):
+            lines.append(f"{key}: kept; the one from {origin} is the same training with less done "
+                         f"({', '.join(sorted(_phases(old) - _phases(result)))} missing)")
             continue
         write(result, folder)
         present[key] = result

@@ -54,6 +54,12 @@ def test_merge_adds_replaces_and_keeps(tmp_path):
     assert "replaced" in zoo_results.merge([tmp_path / "newer"], folder, "gpu")[0]
     by_preset = {r["preset"]: r["row"]["val acc"] for r in zoo_results.load_all(folder, "gpu")}
     assert by_preset == {"vit_softmax": 0.5, "vit_linear": 0.9}
+    # The same training without its eval (a work dir whose eval was deleted) does not replace the evaluated file.
+    bare = zoo_results.build("gpu", "softmax", "vit_linear", 0, "zoo_gpu", [], {**METRICS, "val/acc1": 0.9}, PROFILE,
+                             None)
+    (line,) = zoo_results.add([("bare", bare)], folder, "gpu")
+    assert line.startswith("vit_linear-s0.json: kept") and "eval missing" in line
+    assert zoo_results.load_all(folder, "gpu")[0]["robustness"]["records"]
 
 
 def test_merge_refuses_another_recipe_budget_or_format_and_writes_nothing(tmp_path):
