@@ -490,6 +490,12 @@ def main(argv=None) -> None:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"unknown phase(s) {unknown}; choose from {list(PHASES)}")
+    if args.budget == "gpu" and {"train", "profile"} & set(phases):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("the gpu budget trains and profiles on a CUDA GPU and torch sees none here; use "
+                             "--budget cpu, or --phases report --merge to join result files made on a GPU")
     if args.merge and "report" not in phases:
         raise SystemExit("--merge joins result files in the report phase; add report to --phases")
     only = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
