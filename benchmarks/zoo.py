@@ -280,15 +280,14 @@ def _mean(values: Sequence[float]) -> float:
 def collect(runs: List[Run], budget_name: str, budget: Budget, work: Path, overrides: Sequence[str]) -> List[tuple]:
     """(run dir, result file) of every trained run in this work dir, with its eval records where evaluated (by
     a ``--per-run`` call in the run dir, or by one call over the work dir)."""
-    evals = [json.loads(p.read_text()) for p in (work / "eval" / "robustness.json",) if p.is_file()]
     out = []
     for run in runs:
         if not (run.dir / "metrics.json").is_file():
             continue
         prof = json.loads((run.dir / "profile.json").read_text()) if (run.dir / "profile.json").is_file() else {}
-        own = run.dir / "eval" / "robustness.json"
-        robustness = next((e for e in ([json.loads(own.read_text())] if own.is_file() else []) + evals
-                           if _eval_key(run) in e["checkpoints"]), {})
+        evals = (json.loads(p.read_text()) for p in (run.dir / "eval" / "robustness.json",
+                                                      work / "eval" / "robustness.json") if p.is_file())
+        robustness = next((e for e in evals if _eval_key(run) in e["checkpoints"]), {})
         ckpt = robustness.get("checkpoints", {}).get(_eval_key(run))
         records = {"sweep": robustness["sweep"], "img_size": ckpt["img_size"],
                    "records": [r for r in robustness["records"] if r["checkpoint"] == _eval_key(run)]} if ckpt else None

@@ -29,8 +29,7 @@ def hydra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noi
     noise = AF._key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
-    shared = (fk * AF.acc(v)).sum(dim=-2, keepdim=True)
-    return (_unit(q) * (shared * sum_scale if sum_scale != 1.0 else shared)).to(v.dtype)
+    return (_unit(q) * ((fk * AF.acc(v)).sum(dim=-2, keepdim=True) * sum_scale)).to(v.dtype)
 
 
 def hydra_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
