@@ -63,11 +63,13 @@ def resample_tokens(t: torch.Tensor, dim: int, src: Layout, dst: Layout) -> torc
     if src.prefix != dst.prefix:
         raise ValueError(f"cannot resample {src.prefix} prefix tokens to {dst.prefix}; "
                          f"the prefix token count must match")
-    t = t.movedim(dim, -1)
+    # non-negative axes: the TorchScript ONNX exporter copies a negative movedim axis into Transpose's perm
+    last, dim = t.dim() - 1, dim % t.dim()
+    t = t.movedim(dim, last)
     lead = t.shape[:-1]
     grid = t[..., src.prefix:].reshape(1, -1, src.h, src.w)
     grid = F.interpolate(grid, size=(dst.h, dst.w), mode="bilinear", align_corners=False)
-    return torch.cat([t[..., :src.prefix], grid.reshape(*lead, dst.h * dst.w)], dim=-1).movedim(-1, dim)
+    return torch.cat([t[..., :src.prefix], grid.reshape(*lead, dst.h * dst.w)], dim=last).movedim(last, dim)
 
 
 # -- logit generators ------------------------------------------------------------------------
