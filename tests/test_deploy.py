@@ -19,9 +19,20 @@ pytest.importorskip("onnxscript", reason="the dynamo ONNX exporter needs onnxscr
 
 ATOL = 1e-4
 BACKBONES = ("vit", "resnet")
-# every mechanism, and the options that change the computation at sizes other than the training one
-SPECS = [*vitzoo.list_attentions(), {"name": "hydra", "rescale": True}]
-SPEC_IDS = [s if isinstance(s, str) else "-".join(f"{v}" for v in s.values()) for s in SPECS]
+# every mechanism, the options that change the computation at sizes other than the training one, and the
+# feature maps with parameters of their own (hedgehog)
+HEDGEHOG = {"name": "linear", "feature_map": {"name": "hedgehog", "num_features": 8}}
+SPECS = [*vitzoo.list_attentions(), {"name": "hydra", "rescale": True}, HEDGEHOG]
+
+
+def spec_id(spec) -> str:
+    """A test id: the name, or the spec's values with a nested spec by its name (hydra-True, linear-hedgehog)."""
+    if isinstance(spec, str):
+        return spec
+    return "-".join(f"{v['name'] if isinstance(v, dict) else v}" for v in spec.values())
+
+
+SPEC_IDS = [spec_id(s) for s in SPECS]
 
 
 def build(backbone: str, attention, depth: int = 1) -> torch.nn.Module:
@@ -63,12 +74,13 @@ def assert_logits(got, expected):
     assert err < ATOL, f"max abs logit error {err:.2e} >= {ATOL}"
 
 
+# hedgehog's layer is linear attention's in both backbones: its map is exported once, in the ViT
 ONNX_CASES = [(attention, backbone, dynamo) for attention in vitzoo.list_attentions() for backbone in BACKBONES
-              for dynamo in (False, True)]
+              for dynamo in (False, True)] + [(HEDGEHOG, "vit", dynamo) for dynamo in (False, True)]
 
 
 @pytest.mark.parametrize("attention, backbone, dynamo", ONNX_CASES,
-                         ids=[f"{a}-{b}-{'dynamo' if d else 'legacy'}" for a, b, d in ONNX_CASES])
+                         ids=[f"{spec_id(a)}-{b}-{'dynamo' if d else 'legacy'}" for a, b, d in ONNX_CASES])
 def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo):
     """Both exporters; the model runs in onnxruntime at another batch size than it was exported with."""
     model, x, other = build(backbone, attention), inputs(2), inputs(3)
