@@ -1,6 +1,8 @@
 """vitzoo.segmentation: shapes data, folder data module, and an export fine-tuned until it segments."""
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import lightning as L
@@ -123,17 +125,31 @@ def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
     assert abs(_miou(reloaded, dm.val_dataloader()) - after) < 1e-6
 
 
-def test_train_py_runs_the_segment_config(export_dir, tmp_path):
-    """`python train.py --config-name segment_shapes module.backbone=<export>`: the same train() as classification."""
+def test_train_py_runs_the_segment_config(export_dir, tmp_path, caplog):
+    """`python train.py --config-name segment_shapes module.backbone=<export>`: the same train() as classification;
+    it records and logs IoU / Dice per named class beside the majority baseline."""
     cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'shapes'}", "data.num_images=24", "data.img_size=32",
                                     f"module.backbone={export_dir}", "trainer.max_epochs=1", "trainer.accelerator=cpu",
-                                    "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"],
-                         name="segment_shapes")
-    metrics = train(cfg)
+                                    "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
+                                    "data.class_names=[ground,box,oval,wedge]"], name="segment_shapes")
+    with caplog.at_level(logging.INFO, logger="vitzoo"):
+        metrics = train(cfg)
     assert 0.0 <= metrics["val/miou"] <= 1.0 and metrics["global_step"] > 0
-    assert (tmp_path / "checkpoints" / "last.ckpt").is_file() and (tmp_path / "metrics.json").is_file()
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    recorded = json.loads((tmp_path / "metrics.json").read_text())
+    names = ("ground", "box", "oval", "wedge")
+    for key in ("miou", "mdice", "pixel_acc", *(f"{score}/{name}" for score in ("iou", "dice") for name in names)):
+        assert 0.0 <= recorded[f"val/{key}"] <= 1.0 and 0.0 <= recorded[f"val/majority/{key}"] <= 1.0, key
+    assert recorded["val/majority/iou/ground"] == recorded["val/majority/pixel_acc"] > 0.5  # background dominates
+    closing = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("validation after epoch 0: "))
+    shown = [f"{name} {recorded[f'val/iou/{name}']:.3f} / {recorded[f'val/dice/{name}']:.3f} "
+             f"({recorded[f'val/majority/iou/{name}']:.3f} / {recorded[f'val/majority/dice/{name}']:.3f})"
+             for name in names]
+    assert f"IoU / Dice (in brackets: ground everywhere): {', '.join(shown)}; mean " in closing
+    accuracy = f"pixel accuracy {recorded['val/pixel_acc']:.3f} ({recorded['val/majority/pixel_acc']:.3f})"
+    assert closing.endswith(accuracy)
     reloaded = SegmentationModule.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    assert reloaded.hparams.backbone == str(export_dir)
+    assert reloaded.hparams.backbone == str(export_dir) and reloaded.class_names == names
 
 
 def test_cifar_stem_resnet_export_segments_through_vitzoo(tmp_path):

@@ -109,7 +109,8 @@ def test_label_map_maps_checks_and_writes_back():
     with pytest.raises(ValueError, match=r"m.png holds values \[7\] that data.mask_values .* does not map"):
         labels(np.array([0, 7]), "m.png")
     with pytest.raises(ValueError, match=r"values \[255\] outside the classes 0..1 and ignore_index=254; for binary "
-                                         r"masks map them to classes: data.mask_values='\{0: 0, 255: 1\}'"):
+                                         r"masks map them to classes, the object to 1: data.mask_values='\{0: 0, "
+                                         r"255: 1\}' if 255 marks the object \('\{0: 1, 255: 0\}' if 0 does"):
         LabelMap(2, ignore_index=254)(raw)
     jpeg = LabelMap(2, binary_threshold=128)
     assert jpeg(np.array([3, 127, 128, 250])).tolist() == [0, 0, 1, 1]
@@ -125,7 +126,7 @@ def test_label_map_maps_checks_and_writes_back():
 
 
 def test_the_issue_case_0_255_masks_with_ignore_255_is_an_error_before_training(tmp_path):
-    """0/255 masks, num_classes=2, default ignore_index=255: formerly the whole foreground was ignored."""
+    """0/255 masks, num_classes=2, default ignore_index=255: the whole of class 255 would be ignored."""
     root = _binary_set(tmp_path)
     with pytest.raises(ValueError, match=r"data.num_classes=2 but the masks hold no pixel of class 1 .*50% of "
                                          r"the training pixels equal ignore_index=255.*mask_values='\{0: 0, 255: 1\}'"):
@@ -143,7 +144,7 @@ def test_setup_logs_the_class_histogram_and_grayscale_replication(tmp_path, capl
     with caplog.at_level(logging.INFO, logger="vitzoo.segmentation"):
         dm.setup()
     assert dm.class_pixels["train"].tolist() == [4 * 24 * 16, 4 * 24 * 16, 0]  # 4 train images, half foreground
-    assert "training mask pixels: 0 50.0%, 1 50.0%, ignored 0.0%" in caplog.text
+    assert "training mask pixels: class_0 50.0%, class_1 50.0%, ignored 0.0%" in caplog.text
     assert "5 of 5 images are grayscale: replicated to 3 channels" in caplog.text
     images, _ = next(iter(dm.train_dataloader()))
     assert images.shape == (2, 3, 16, 16) and torch.equal(images[:, 0], images[:, 2])
@@ -182,3 +183,18 @@ def test_data_module_options_are_checked(tmp_path):
             SegmentationDataModule(root, num_classes=2, **kwargs)
     with pytest.raises(ValueError, match="data.in_chans=2; use 3 .* or 1"):
         SegmentationDataModule(root, num_classes=2, mask_values={0: 0, 255: 1}, in_chans=2, num_workers=0).setup()
+
+
+def test_a_folder_is_split_as_the_log_says_and_the_classes_are_named(tmp_path, caplog):
+    """round(val_fraction * n) images held out: 30 images give 24 + 6, 24 images give 19 + 5."""
+    for count, held_out in ((30, 6), (24, 5)):
+        root = _binary_set(tmp_path / str(count), count=count, size=(8, 8))
+        dm = SegmentationDataModule(root, num_classes=2, mask_values={0: 1, 255: 0},
+                                    class_names=["interior", "membrane"], img_size=8, num_workers=0)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vitzoo.segmentation"):
+            dm.setup()
+        assert (len(dm.train_dataset), len(dm.val_dataset)) == (count - held_out, held_out)
+        assert (f"{count} images in {root}: {held_out} held out for validation (data.val_fraction=0.2, seed 0), "
+                f"{count - held_out} training; training mask pixels: interior 50.0%, membrane 50.0%, ignored 0.0%"
+                in caplog.text)

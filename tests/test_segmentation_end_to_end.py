@@ -49,7 +49,8 @@ def _write_set(root: Path, count: int, seed: int, sizes=(48, 72)) -> Path:
 @pytest.mark.slow
 def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(export_dir, tmp_path):  # noqa: F811
     root = _write_set(tmp_path / "membranes", count=20, seed=0)
-    overrides = [f"data.root={root}", "data.num_classes=2", "data.mask_values={0: 0, 255: 1}", "data.img_size=32",
+    overrides = [f"data.root={root}", "data.num_classes=2", "data.mask_values={0: 0, 255: 1}",
+                 "data.class_names=[background,blob]", "data.img_size=32",
                  "data.batch_size=8", "data.repeats=4", "data.num_workers=0", f"module.backbone={export_dir}",
                  "module.lr=3e-3", "module.backbone_lr_ratio=1.0", "module.warmup_epochs=0.5", "trainer.max_epochs=3",
                  *QUIET]
@@ -66,8 +67,9 @@ def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(expor
     before = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).validate(
         instantiate(cfg.module), datamodule=dm, verbose=False)[0]
     metrics = train(cfg)  # seeds the same way: starts from the same decoder
-    assert metrics["val/fg_iou"] > before["val/fg_iou"] + 0.2 and metrics["val/fg_iou"] > 0.6, (before, metrics)
-    assert metrics["val/pixel_acc"] > metrics["val/background_acc"]
+    assert metrics["val/iou/blob"] > before["val/iou/blob"] + 0.2 and metrics["val/iou/blob"] > 0.6, (before, metrics)
+    assert metrics["val/pixel_acc"] > metrics["val/majority/pixel_acc"] == metrics["val/majority/iou/background"]
+    assert metrics["val/dice/blob"] > metrics["val/majority/dice/blob"] == 0
 
     # predict on new, larger images (up to 3x the 32 px crop, sizes no multiple of the patch) and score them
     test = _write_set(tmp_path / "test", count=3, seed=1, sizes=(70, 98))
@@ -80,7 +82,7 @@ def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(expor
         assert predicted.shape == np.asarray(Image.open(image_path)).shape  # the input's size, not the crop's
         assert set(np.unique(predicted)) <= {0, 255}  # written in the masks' own values
     assert summary["images"] == 3 and summary["images_per_s"] > 0 and summary["peak_memory_mib"] > 0
-    assert summary["scores"]["fg_iou"] > 0.6
+    assert summary["scores"]["iou/blob"] > 0.6 and summary["scores"]["majority/iou/blob"] == 0
     assert json.loads((tmp_path / "predicted" / "predict.json").read_text())["scores"] == summary["scores"]
 
     # one file, scored against a folder holding other images' masks too; flip TTA and probability maps

@@ -1,14 +1,11 @@
-"""Sliding-window inference and the segmentation scores, against references written from their definitions."""
+"""Sliding-window inference, against references written from its definition."""
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 import torch.nn as nn
-from torchmetrics.classification import MulticlassConfusionMatrix, MulticlassJaccardIndex
 
-from vitzoo.segmentation import segmentation_scores, sliding_window_probs
+from vitzoo.segmentation import sliding_window_probs
 from vitzoo.segmentation.inference import window_starts
 
 
@@ -68,25 +65,3 @@ def test_bad_window_and_overlap_name_the_fix():
         sliding_window_probs(net, torch.rand(2, 64, 64), window=30)
     with pytest.raises(ValueError, match=r"overlap=1.0 must lie in \[0, 1\)"):
         sliding_window_probs(net, torch.rand(2, 64, 64), window=32, overlap=1.0)
-
-
-def test_scores_follow_their_definitions():
-    confusion = torch.tensor([[5, 1], [2, 4]])  # rows: truth, columns: prediction
-    scores = segmentation_scores(confusion)
-    expected = {"iou_0": 5 / (5 + 1 + 2), "iou_1": 4 / (4 + 2 + 1), "pixel_acc": 9 / 12, "background_acc": 6 / 12,
-                "fg_dice": 2 * 4 / (6 + 5)}
-    expected.update(miou=(expected["iou_0"] + expected["iou_1"]) / 2, fg_iou=expected["iou_1"])
-    assert scores == pytest.approx(expected)
-
-
-def test_scores_match_torchmetrics_and_skip_absent_classes():
-    torch.manual_seed(0)
-    truth = torch.randint(0, 3, (4, 20, 20))
-    truth[0, :5] = 255
-    preds = torch.where(torch.rand(4, 20, 20) < 0.7, truth.clamp(max=2), torch.randint(0, 3, (4, 20, 20)))
-    confusion = MulticlassConfusionMatrix(4, ignore_index=255)(preds, truth)  # class 3 occurs nowhere
-    scores = segmentation_scores(confusion)
-    per_class = MulticlassJaccardIndex(4, average="none", ignore_index=255)(preds, truth)
-    assert [scores[f"iou_{c}"] for c in range(3)] == pytest.approx(per_class[:3].tolist())
-    assert math.isnan(scores["iou_3"]) and scores["miou"] == pytest.approx(float(per_class[:3].mean()))
-    assert "fg_iou" not in scores  # foreground scores only for 2 classes

@@ -2,8 +2,10 @@
 
 Layout: ``root/<images>`` + ``root/<masks>`` (``images/``, ``image/``, ``masks/``, ``label/``, ... found
 automatically, or named with ``images`` / ``masks``: folder, file or glob); see ``files.find_samples``.
-With ``root/train/`` and ``root/val/`` each in that layout they are the splits; otherwise ``val_fraction``
-of ``root`` is held out. Masks go through a ``LabelMap`` (``mask_values``, ``binary_threshold``).
+With ``root/train/`` and ``root/val/`` each in that layout they are the splits; otherwise ``root``'s n
+images are split: round(``val_fraction`` * n) of them (at least 1), drawn with ``seed``, are held out for
+validation and the rest train (24 images, 0.2: 5 held out, 19 train). Masks go through a ``LabelMap``
+(``mask_values``, ``binary_threshold``); ``class_names`` names the class indices (default ``class_<c>``).
 
 Train batches: random rescale (``rescale``) + crop to ``img_size`` + horizontal flip, ``(images in [0, 1]
 (B, in_chans, S, S), masks (B, S, S) long)``. Val / test: one image at its native size per batch.
@@ -26,7 +28,7 @@ from vitzoo.data.workers import resolve_num_workers
 
 from .files import Sample, find_samples
 from .io import GRAY_MODES, image_mode, read_image, read_mask
-from .labels import LabelMap, check_histogram, class_histogram, format_histogram
+from .labels import LabelMap, check_class_names, check_histogram, class_histogram, format_histogram
 
 __all__ = ["SegmentationFolder", "SegmentationDataModule"]
 
@@ -71,7 +73,8 @@ class SegmentationDataModule(L.LightningDataModule):
     are checked and the class histogram of the training masks is logged (kept in ``class_pixels``).
     """
 
-    def __init__(self, root: str, num_classes: int, img_size: Union[int, Sequence[int]] = 256, batch_size: int = 8,
+    def __init__(self, root: str, num_classes: int, class_names: Optional[Sequence[str]] = None,
+                 img_size: Union[int, Sequence[int]] = 256, batch_size: int = 8,
                  num_workers: Union[int, str] = "auto", val_fraction: float = 0.2,
                  rescale: Sequence[float] = (0.75, 1.5), ignore_index: int = 255,
                  mask_values: Optional[Mapping[int, int]] = None, binary_threshold: Optional[float] = None,
@@ -87,6 +90,7 @@ class SegmentationDataModule(L.LightningDataModule):
             raise ValueError(f"data.rescale={list(rescale)} must be [low, high] with 0 < low <= high")
         self.root, self.num_classes, self.img_size = Path(root).expanduser(), num_classes, to_2tuple(img_size)
         self.labels = LabelMap(num_classes, ignore_index, mask_values, binary_threshold)
+        self.class_names = check_class_names(class_names, num_classes)
         self.batch_size, self.num_workers = batch_size, resolve_num_workers(num_workers)
         self.val_fraction, self.rescale, self.ignore_index = val_fraction, tuple(rescale), ignore_index
         self.find = dict(images=images, masks=masks, mask_suffix=mask_suffix, unpaired=unpaired)
@@ -105,29 +109,34 @@ class SegmentationDataModule(L.LightningDataModule):
             A.HorizontalFlip(p=0.5),
         ])
 
-    def _splits(self) -> Tuple[List[Sample], List[Sample]]:
-        if (self.root / "train").is_dir() and (self.root / "val").is_dir():
-            return find_samples(self.root / "train", **self.find), find_samples(self.root / "val", **self.find)
+    def _splits(self) -> Tuple[List[Sample], List[Sample], str]:
+        """(training samples, validation samples, how they were split: for the log)."""
+        train_dir, val_dir = self.root / "train", self.root / "val"
+        if train_dir.is_dir() and val_dir.is_dir():
+            train, val = find_samples(train_dir, **self.find), find_samples(val_dir, **self.find)
+            return train, val, f"{len(train)} training images in {train_dir}, {len(val)} validation images in {val_dir}"
         samples = find_samples(self.root, **self.find)
         order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(self.seed)).tolist()
         num_val = max(1, round(self.val_fraction * len(order)))
         if num_val >= len(order):
             raise ValueError(f"{self.root} has {len(order)} images, too few to hold out data.val_fraction="
                              f"{self.val_fraction}; add images or provide train/ and val/ folders")
-        return [samples[i] for i in order[num_val:]], [samples[i] for i in order[:num_val]]
+        split = (f"{len(order)} images in {self.root}: {num_val} held out for validation (data.val_fraction="
+                 f"{self.val_fraction}, seed {self.seed}), {len(order) - num_val} training")
+        return [samples[i] for i in order[num_val:]], [samples[i] for i in order[:num_val]], split
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_dataset is not None:
             return
-        train_samples, val_samples = self._splits()
+        train_samples, val_samples, split = self._splits()
         train = SegmentationFolder(train_samples, self.labels, self.in_chans, self.train_transform())
         val = SegmentationFolder(val_samples, self.labels, self.in_chans)
-        for split, folder in (("train", train), ("val", val)):
+        for part, folder in (("train", train), ("val", val)):
             masks = (folder.mask(i) for i in range(len(folder)))
-            self.class_pixels[split] = class_histogram(masks, self.num_classes, self.ignore_index)
+            self.class_pixels[part] = class_histogram(masks, self.num_classes, self.ignore_index)
         check_histogram(self.class_pixels["train"], self.class_pixels["val"], self.labels)
-        log.info("%d training / %d validation images; training mask pixels: %s", len(train), len(val),
-                 format_histogram(self.class_pixels["train"]))
+        log.info("%s; training mask pixels: %s", split,
+                 format_histogram(self.class_pixels["train"], self.class_names))
         self._report_grayscale(train_samples + val_samples)
         self.train_dataset = Subset(train, list(range(len(train))) * self.repeats)
         self.val_dataset = val

@@ -3,19 +3,43 @@
 ``mask_values`` maps raw values to classes (``{0: 0, 255: 1}`` for 0/255 binary masks; a value mapped to
 ``ignore_index`` is ignored); ``binary_threshold`` makes class 1 of every value >= it (JPEG-compressed masks).
 Without either, the raw value is the class. ``class_histogram`` + ``check_histogram`` catch a class count that
-does not fit the masks before training starts.
+does not fit the masks before training starts. ``check_class_names`` checks ``data.class_names``.
 """
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-__all__ = ["LabelMap", "class_histogram", "check_histogram", "format_histogram"]
+__all__ = ["LabelMap", "check_class_names", "class_histogram", "check_histogram", "format_histogram"]
 
 log = logging.getLogger(__name__)
+NAME = re.compile(r"[\w.-]+")
+
+
+def check_class_names(names: Optional[Sequence[str]], num_classes: int) -> Tuple[str, ...]:
+    """One name per class index (``class_0``, ``class_1``, ... when ``names`` is None), checked: as many as
+    ``num_classes``, distinct, each of letters, digits, ``_ . -`` (they name metrics: ``iou/<name>``)."""
+    if names is None:
+        return tuple(f"class_{c}" for c in range(num_classes))
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise ValueError(f"data.class_names={names!r} is not a list; give one name per class, in class-index "
+                         f"order: data.class_names=[{','.join(f'name_{c}' for c in range(num_classes))}]")
+    names = tuple(str(name) for name in names)
+    if len(names) != num_classes:
+        raise ValueError(f"data.class_names has {len(names)} name(s) {list(names)} but data.num_classes="
+                         f"{num_classes}; give one name per class index 0..{num_classes - 1} (class 0 first)")
+    bad = next((name for name in names if not NAME.fullmatch(name)), None)
+    if bad is not None:
+        example = re.sub(r"[^\w.-]+", "_", bad).strip("_") or "class_0"
+        raise ValueError(f"data.class_names holds {bad!r}; use letters, digits, '_', '.' or '-' only (e.g. {example})")
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"data.class_names names {twice!r} twice; give every class its own name")
+    return names
 
 
 class LabelMap:
@@ -62,8 +86,9 @@ class LabelMap:
     def _hint(self, values: np.ndarray) -> str:
         if len(values) == 2:
             low, high = (int(v) for v in values)
-            return (f"for binary masks map them to classes: data.mask_values='{{{low}: 0, {high}: 1}}' "
-                    f"(or data.binary_threshold={(low + high) // 2 + 1}) with data.num_classes=2")
+            return (f"for binary masks map them to classes, the object to 1: data.mask_values='{{{low}: 0, "
+                    f"{high}: 1}}' if {high} marks the object ('{{{low}: 1, {high}: 0}}' if {low} does; or "
+                    f"data.binary_threshold={(low + high) // 2 + 1}) with data.num_classes=2")
         return ("set data.num_classes to cover them, map values to classes with data.mask_values='{value: class}', "
                 "or mark unlabeled pixels with data.ignore_index")
 
@@ -90,10 +115,10 @@ def class_histogram(masks: Iterable[np.ndarray], num_classes: int, ignore_index:
     return counts
 
 
-def format_histogram(counts: np.ndarray, class_names: Optional[Sequence[str]] = None) -> str:
-    """``background 78.1%, 1 21.9%, ignored 0.0%`` (shares of all pixels)."""
+def format_histogram(counts: np.ndarray, names: Sequence[str]) -> str:
+    """``interior 78.1%, membrane 21.9%, ignored 0.0%`` (shares of all pixels; ``names`` one per class)."""
     total = max(1, int(counts.sum()))
-    names = list(class_names or range(len(counts) - 1)) + ["ignored"]
+    names = list(names) + ["ignored"]
     return ", ".join(f"{name} {100 * n / total:.1f}%" for name, n in zip(names, counts))
 
 

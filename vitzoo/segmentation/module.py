@@ -1,7 +1,8 @@
 """LightningModule: fine-tune a backbone (usually an export) with ``MLPDecoder`` for semantic segmentation."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence, Union
+import logging
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import lightning as L
 import torch
@@ -14,10 +15,13 @@ from vitzoo.attention import AttentionSpec
 from vitzoo.training.optim import build_scheduler
 
 from .inference import sliding_window_probs
+from .labels import check_class_names
 from .model import SegmentationNet, create_backbone
-from .scores import segmentation_scores
+from .scores import format_scores, segmentation_scores
 
 __all__ = ["SegmentationModule"]
+
+log = logging.getLogger(__name__)
 
 
 class SegmentationModule(L.LightningModule):
@@ -29,11 +33,14 @@ class SegmentationModule(L.LightningModule):
     backbone learns at ``lr * backbone_lr_ratio``; AdamW with warmup + cosine, stepped per batch.
 
     Validation and test take one image at its native size (``sliding_window_probs`` with ``window``, the
-    training crop, ``overlap`` and ``flip``) and log ``segmentation_scores``: mIoU, IoU per class, pixel
-    accuracy next to the all-background baseline, foreground IoU / Dice for 2 classes.
+    training crop, ``overlap`` and ``flip``) and log ``segmentation_scores`` under ``val/`` / ``test/``: IoU and
+    Dice per class named by ``class_names`` (``val/iou/<name>``), their means, pixel accuracy, and the same for
+    predicting the majority class everywhere (``val/majority/...``). The end of ``fit`` logs the last
+    validation's scores as one line (``format_scores``).
     """
 
-    def __init__(self, backbone: str, num_classes: int, attention: Optional[AttentionSpec] = None,
+    def __init__(self, backbone: str, num_classes: int, class_names: Optional[Sequence[str]] = None,
+                 attention: Optional[AttentionSpec] = None,
                  model_kwargs: Optional[Mapping[str, Any]] = None, out_indices: Optional[Sequence[int]] = None,
                  decoder_channels: int = 128, dropout: float = 0.1, lr: float = 1e-3, backbone_lr_ratio: float = 0.1,
                  weight_decay: float = 0.01, warmup_epochs: float = 1.0, min_lr_ratio: float = 0.01,
@@ -41,6 +48,8 @@ class SegmentationModule(L.LightningModule):
                  overlap: float = 0.25, flip: bool = False):
         super().__init__()
         self.save_hyperparameters()
+        self.class_names = check_class_names(class_names, num_classes)
+        self.last_validation: Optional[Tuple[int, Dict[str, float]]] = None  # (epoch, scores), for on_fit_end
         encoder = create_backbone(backbone, attention, out_indices, model_kwargs, in_chans)
         self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout)
         self.confusion = nn.ModuleDict({stage: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
@@ -70,17 +79,25 @@ class SegmentationModule(L.LightningModule):
         self.log(f"{stage}/loss", loss, on_epoch=True, batch_size=len(images), sync_dist=True)
         self.confusion[stage].update(probs.argmax(1), masks)
 
-    def _log_scores(self, stage: str) -> None:
-        scores = segmentation_scores(self.confusion[stage].compute())
+    def _log_scores(self, stage: str) -> Dict[str, float]:
+        scores = segmentation_scores(self.confusion[stage].compute(), self.class_names)
         self.confusion[stage].reset()
-        self.log(f"{stage}/miou", scores.pop("miou"), prog_bar=stage == "val")
-        self.log_dict({f"{stage}/{name}": value for name, value in scores.items()})
+        self.log(f"{stage}/miou", scores["miou"], prog_bar=stage == "val")
+        self.log_dict({f"{stage}/{name}": value for name, value in scores.items() if name != "miou"})
+        return scores
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_scores("val")
+        scores = self._log_scores("val")
+        if not self.trainer.sanity_checking:
+            self.last_validation = self.current_epoch, scores
+
+    def on_fit_end(self) -> None:
+        if self.last_validation is not None and self.trainer.is_global_zero:
+            epoch, scores = self.last_validation
+            log.info("validation after epoch %d: %s", epoch, format_scores(scores))
 
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, "test")

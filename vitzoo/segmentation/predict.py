@@ -100,7 +100,7 @@ def predict(cfg: DictConfig) -> Dict[str, Any]:
         "peak_memory_mib": memory, "peak_memory_kind": memory_kind, "window": window, "overlap": overlap,
         "flip": flip, "output": str(out)}
     if cfg.masks is not None:
-        summary["scores"] = segmentation_scores(confusion)
+        summary["scores"] = segmentation_scores(confusion, module.class_names)
     write_json(out / "predict.json", summary)
     return summary
 

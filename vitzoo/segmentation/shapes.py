@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -62,14 +62,17 @@ def _draw(draw: ImageDraw.ImageDraw, cls: int, box: Tuple[int, int, int, int], f
 
 
 class ShapesDataModule(SegmentationDataModule):
-    """The shapes dataset under ``root`` as a data module; ``prepare_data`` writes it when missing."""
+    """The shapes dataset under ``root`` as a data module (classes named ``SHAPE_CLASSES`` unless
+    ``class_names`` renames them); ``prepare_data`` writes it when missing."""
 
     def __init__(self, root: str, num_images: int = 200, num_classes: int = len(SHAPE_CLASSES),
+                 class_names: Optional[Sequence[str]] = SHAPE_CLASSES,
                  img_size: Union[int, Tuple[int, int]] = 64, seed: int = 0, **kwargs):
         if num_classes != len(SHAPE_CLASSES):
             raise ValueError(f"the shapes dataset has {len(SHAPE_CLASSES)} classes {SHAPE_CLASSES}; "
                              f"set data.num_classes={len(SHAPE_CLASSES)}")
-        super().__init__(root, num_classes=num_classes, img_size=img_size, seed=seed, **kwargs)
+        super().__init__(root, num_classes=num_classes, class_names=class_names, img_size=img_size, seed=seed,
+                         **kwargs)
         self.num_images = num_images
 
     def prepare_data(self) -> None:
