@@ -7,9 +7,9 @@ from .inference import sliding_window_probs
 from .labels import LabelMap
 from .model import SegmentationNet, create_backbone
 from .module import SegmentationModule
-from .scores import segmentation_scores
+from .scores import format_scores, segmentation_scores
 from .shapes import SHAPE_CLASSES, ShapesDataModule, make_shapes_dataset
 
 __all__ = ["SegmentationModule", "SegmentationNet", "MLPDecoder", "create_backbone", "SegmentationDataModule",
            "SegmentationFolder", "Sample", "find_samples", "pair_samples", "LabelMap", "sliding_window_probs",
-           "segmentation_scores", "ShapesDataModule", "SHAPE_CLASSES", "make_shapes_dataset"]
+           "segmentation_scores", "format_scores", "ShapesDataModule", "SHAPE_CLASSES", "make_shapes_dataset"]
