@@ -233,15 +233,24 @@ def test_cpu_generator_with_cuda_images(name):
     assert on_device.device.type == "cuda"
 
 
-def test_registry_lists_every_corruption_and_family():
-    assert list_corruptions() == sorted(CONSTANTS) == sorted(robustness.CORRUPTIONS)
+def test_registry_lists_every_corruption_and_group():
+    benchmark = ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
+                 "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
+                 "jpeg_compression"]  # the order of the reference's table
+    extra = ["speckle_noise", "gaussian_blur", "spatter", "saturate"]
+    assert list_corruptions("benchmark") == sorted(benchmark)
+    assert list_corruptions("extra") == sorted(extra)
+    assert list_corruptions() == sorted(benchmark + extra) == sorted(robustness.CORRUPTIONS)
     assert list_corruptions("noise") == sorted(NOISES)
-    with pytest.raises(ValueError, match="'blur'"):
-        list_corruptions("weather")
+    assert list_corruptions("weather") == ["brightness", "fog", "frost", "snow", "spatter"]
+    families = [list_corruptions(f) for f in ("noise", "blur", "weather", "digital")]
+    assert sorted(sum(families, [])) == list_corruptions()  # every corruption in exactly one family
+    with pytest.raises(ValueError, match="'benchmark', 'extra', 'noise'"):
+        list_corruptions("rain")
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"name": "gaussian"}, "contrast.*speckle_noise"),
+    ({"name": "gaussian"}, "brightness.*zoom_blur"),
     ({"severity": 6}, r"\[0, 1, 2, 3, 4, 5\]"),
     ({"severity": -1}, r"\[0, 1, 2, 3, 4, 5\]"),
     ({"severity": 2.0}, r"\[0, 1, 2, 3, 4, 5\]"),

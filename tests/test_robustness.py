@@ -138,8 +138,8 @@ def test_sweep_lists_every_pass_clean_first():
 
 
 def test_bad_sweep_options_name_the_fix():
-    with pytest.raises(ValueError, match=r"unknown corruption\(s\) \['fog'\]; choose from \[.*'gaussian_noise'"):
-        Sweep(corruptions=("gaussian_noise", "fog"))
+    with pytest.raises(ValueError, match=r"unknown corruption\(s\) \['rain'\]; choose from \[.*'gaussian_noise'"):
+        Sweep(corruptions=("gaussian_noise", "rain"))
     with pytest.raises(ValueError, match="severities are 1..5"):
         Sweep(severities=(0, 6))
     with pytest.raises(ValueError, match="negative sigma"):
@@ -230,10 +230,10 @@ def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
 def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
     ckpt = checkpoints["vit_softmax"]
     proc = subprocess.run([sys.executable, "eval.py", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}",
-                           "robustness.corruptions=[gaussian_noise,fog]"], cwd=ROOT, capture_output=True, text=True)
+                           "robustness.corruptions=[gaussian_noise,rain]"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: unknown corruption(s) ['fog']; choose from"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: unknown corruption(s) ['rain']; choose from"), proc.stderr
     assert "'jpeg_compression'" in lines[0]
 
     def evaluate(*overrides):
