@@ -1,15 +1,19 @@
 """Backbones assembled from timm blocks, registered with timm's ``register_model``."""
 from __future__ import annotations
 
+import os
+from typing import Optional, Union
+
 import timm
 import torch.nn as nn
 
 from vitzoo.attention import AttentionSpec
 from .nonlocal_resnet import NonLocalBlock, NonLocalResNet
+from .pretrained import LoadReport, initialise_from
 from .vit import VIT_ARCHS, ZooVisionTransformer, default_feature_levels
 
 __all__ = ["create_model", "list_models", "ZooVisionTransformer", "NonLocalResNet", "NonLocalBlock",
-           "default_feature_levels"]
+           "default_feature_levels", "initialise_from", "LoadReport"]
 
 _ARCHS = tuple(VIT_ARCHS) + ("nonlocal_resnet18", "nonlocal_resnet50", "nonlocal_resnet18_cifar")
 
@@ -19,10 +23,23 @@ def list_models() -> list:
     return sorted(_ARCHS)
 
 
-def create_model(arch: str, attention: AttentionSpec = "softmax", **kwargs) -> nn.Module:
-    """Build ``arch`` with ``attention`` (a name or ``{"name": ..., options}``); kwargs go to timm."""
+def create_model(arch: str, attention: AttentionSpec = "softmax", init_from: Optional[Union[str, os.PathLike]] = None,
+                 **kwargs) -> nn.Module:
+    """Build ``arch`` with ``attention`` (a name or ``{"name": ..., options}``); kwargs go to timm.
+
+    ``init_from``: a pretrained softmax ViT whose weights initialise the model, whatever its mechanism
+    (``timm:<model>.<tag>``, a timm ``VisionTransformer`` state dict file, or a vitzoo export folder; see
+    ``vitzoo.models.pretrained``). What was loaded is logged in one line.
+    """
     if arch not in _ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {list_models()}")
+    model = _build(arch, attention, kwargs)
+    if init_from is not None:
+        initialise_from(model, init_from)
+    return model
+
+
+def _build(arch: str, attention: AttentionSpec, kwargs: dict) -> nn.Module:
     try:
         return timm.create_model(arch, attention=attention, **kwargs)
     except TypeError as err:

@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from vitzoo.models import initialise_from
+
 from .callbacks import AttentionEntropy
 from .console import quiet_lightning
 from .evaluate import read_checkpoint, run_record
@@ -68,10 +70,13 @@ def _plain(node: Any) -> Any:
 def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
     """The LightningModule for ``cfg.model`` + ``cfg.module`` with the data's classes, size and statistics."""
     model = _plain(cfg.model)
-    return ImageClassifier(
+    module = ImageClassifier(
         arch=model["arch"], attention=model["attention"], model_kwargs=model.get("kwargs") or {},
         num_classes=datamodule.num_classes, img_size=datamodule.img_size, in_chans=datamodule.in_chans,
         mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
+    if model.get("init_from") and not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
+        initialise_from(module.model, model["init_from"])
+    return module
 
 
 def _strict(value: Any) -> Any:
