@@ -116,3 +116,20 @@ def test_bad_options_are_one_line_naming_the_fix(options, fix):
 def test_at_twice_the_resolution_in_both_backbones():
     check_double_resolution(spec(8, eps=0.0),
                             lambda layer, q, k, v: hedgehog_ref(q, k, v, layer.phi.weight, layer.phi.bias)[0])
+
+
+@pytest.mark.parametrize("attention", [spec(8), {"name": "performer", "num_features": 8}, {"name": "focused_linear"}],
+                         ids=["hedgehog", "performer", "focused_linear"])
+@pytest.mark.parametrize("impl", ["auto", "eager"])
+def test_precomputed_features_under_bf16_autocast(attention, impl):
+    """Features in fp32, v in bf16 (bf16-mixed training): the fused path and eager run, give v's dtype, and stay
+    within bf16 rounding of the fp32 output; every parameter gets a finite gradient."""
+    attn, x = build({**attention, "impl": impl}), torch.randn(2, 16, 16)
+    expected = attn(x).detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.02)
+    out.float().square().sum().backward()
+    for name, p in attn.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

@@ -37,9 +37,13 @@ class LinearAttention(ZooAttention):
         return self.phi(q, is_query=True), self.phi(k, is_query=False), "identity"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        """Precomputed features are fp32 or wider while v may be half (autocast): the sums run in the features'
+        dtype and the output comes back in v's, as with a fused map."""
         _no_mask(attn_mask)
         fq, fk, name = self.features(q, k)
-        return AF.linear_attention(fq, fk, v, name, self.eps, self.impl, self.causal or is_causal, logit_noise)
+        out = AF.linear_attention(fq, fk, v.to(fq.dtype), name, self.eps, self.impl, self.causal or is_causal,
+                                  logit_noise)
+        return out.to(v.dtype)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         _no_mask(attn_mask)
