@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict
 
 import lightning as L
 import pytest
@@ -116,6 +117,52 @@ def test_digits_training_learns_and_checkpoint_rebuilds_the_model(tmp_path):
     evaluate_checkpoints(eval_cfg)
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert written["acc1"] == pytest.approx(result["acc1"]) and written["arch"] == "vit_cifar"
+
+
+def _scalars(run: Path) -> Dict[str, Dict[int, float]]:
+    """Every scalar a run wrote to TensorBoard: {tag: {step: value}}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    series: Dict[str, Dict[int, float]] = {}
+    for events in sorted(run.glob("tensorboard/**/events.*")):
+        reader = EventAccumulator(str(events))
+        reader.Reload()
+        for tag in reader.Tags()["scalars"]:
+            series.setdefault(tag, {}).update({e.step: e.value for e in reader.Scalars(tag)})
+    return series
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["mid-epoch", "epoch boundary"])
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, fast_overrides, stop):
+    """Crash after step 11 of 16 (epoch 1, batch 3), resume from last.ckpt: written mid-epoch at the crash, or
+    (no step checkpoint) at the end of epoch 0. Augmentation, drop-path and (at the boundary) mixup draw random
+    numbers; the resumed run must log and end with the very numbers of the run that never stopped."""
+    base = [*fast_overrides, "trainer.max_epochs=2", "data.num_train=128", "++model.kwargs.drop_path_rate=0.2"]
+    if stop == "epoch boundary":
+        base += ["callbacks.step_checkpoint=null", "module.mixup.mixup_alpha=0.4"]
+    full = train(compose_config(tmp_path / "full", base))
+    assert full["global_step"] == 16
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(tmp_path / "crash", [*base, "+callbacks.crash._target_=conftest.CrashAtStep",
+                                                  "+callbacks.crash.step=11"]))
+    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"
+    crashed = read_checkpoint(last)
+    assert crashed["global_step"] == (11 if stop == "mid-epoch" else 8)
+    assert crashed["train_loader"] == ({"epoch": 1, "batches_taken": 3} if stop == "mid-epoch" else
+                                       {"epoch": 0, "batches_taken": 8})
+
+    resumed = train(compose_config(tmp_path / "resumed", [*base, f"ckpt_path={last}"]))
+    same = {key: value for key, value in full.items() if key.startswith(("train/", "val/"))}
+    assert {key: resumed[key] for key in same} == same
+    reference, logged = _scalars(tmp_path / "full"), _scalars(tmp_path / "resumed")
+    for tag, values in logged.items():
+        if tag.startswith(("train/", "val/")):
+            assert values == {step: reference[tag][step] for step in values}, tag
+    assert min(logged["train/loss_step"]) == crashed["global_step"]  # it went on from the checkpoint's step
+    final, expected = (read_checkpoint(tmp_path / run / "checkpoints" / "last.ckpt") for run in ("resumed", "full"))
+    assert all(torch.equal(final["state_dict"][k], v) for k, v in expected["state_dict"].items())
 
 
 def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_path, fast_overrides):
@@ -231,7 +278,7 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
     if bar == "stock":  # what the module did before: the step loss on the stock bar
         log = module.log
         module.log = lambda name, value, **kw: log(name, value, **{**kw, "prog_bar": kw.get("prog_bar") or
-                                                                   name == "train/loss"})
+                                                                   name == "train/loss_step"})
     progress = ThrottledProgressBar(metrics_interval_s=3600) if bar == "throttled" else RichProgressBar()
     ops = SyncOps()
     trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, logger=False,

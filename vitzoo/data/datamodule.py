@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
+from .sampling import EpochSampler, ResumableLoader, sample_seed
 from .transforms import CROP_PADDING, HFLIP, build_eval_transform, build_train_transform, seed_worker
 from .workers import resolve_num_workers
 
@@ -36,17 +37,28 @@ def read_rgb(path: Union[str, os.PathLike]) -> np.ndarray:
 
 
 class ImageDataset(Dataset):
-    """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths."""
+    """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths.
 
-    def __init__(self, images: Images, labels: Sequence[int], transform):
+    Indexed by ``(epoch, index)`` (what :class:`~vitzoo.data.sampling.EpochSampler` yields), the
+    transform's random state is first seeded from ``(seed, epoch, index)``: an image's augmentation is
+    the same in any worker, and in a resumed run.
+    """
+
+    def __init__(self, images: Images, labels: Sequence[int], transform, seed: int = 0):
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.images, self.labels, self.transform = images, np.asarray(labels, dtype=np.int64), transform
+        self.seed = int(seed)
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
+    def __getitem__(self, item: Union[int, Tuple[int, int]]) -> Tuple[torch.Tensor, int]:
+        if isinstance(item, tuple):
+            epoch, index = item
+            self.transform.set_random_seed(sample_seed(self.seed, epoch, index))
+        else:
+            index = item
         image = self.images[index]
         if not isinstance(image, np.ndarray):
             image = read_rgb(image)
@@ -172,14 +184,19 @@ class ImageDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError("call setup() before asking for a dataloader")
         rank = self.trainer.global_rank if self.trainer is not None else 0
-        if train and self.num_workers == 0:
-            # No workers to seed: draw the augmentation seed from the (seeded) torch RNG here.
-            dataset.transform.set_random_seed(int(torch.randint(2**31, ()).item()) + rank)
-        return DataLoader(
-            dataset, batch_size=self.batch_size if train else self.eval_batch_size, shuffle=train, drop_last=train,
-            num_workers=self.num_workers, pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
-            worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None,
-        )
+        common = dict(num_workers=self.num_workers, pin_memory=self.pin_memory,
+                      persistent_workers=self.num_workers > 0,
+                      worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None)
+        if not train:
+            return DataLoader(dataset, batch_size=self.eval_batch_size, **common)
+        # The shuffle and the augmentation follow the run's seed (what seed_everything exported, as
+        # Lightning's own DistributedSampler does), never the global RNG: a resumed run draws the same.
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        dataset.seed = seed
+        world = self.trainer.world_size if self.trainer is not None else 1
+        sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=seed)
+        return ResumableLoader(dataset, sampler=sampler, batch_size=self.batch_size,
+                               generator=torch.Generator().manual_seed(seed), **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, train=True)

@@ -3,18 +3,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
-import lightning as L
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitzoo
 
 from .optim import build_optimizer, build_scheduler
+from .resume import ExactResume
 
 __all__ = ["ImageClassifier", "build_model", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
 
@@ -50,7 +50,7 @@ def _metrics(num_classes: int) -> MetricCollection:
     })
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(ExactResume):
     """Image classification with any ``vitzoo.create_model`` architecture.
 
     All constructor arguments are plain Python values and are saved as hyperparameters, so a
@@ -60,7 +60,7 @@ class ImageClassifier(L.LightningModule):
     ``mixup_alpha`` or ``cutmix_alpha`` is > 0. ``compile`` wraps the network in
     ``torch.compile`` (in place, so state-dict keys do not change). ``channels_last`` keeps the network's
     convolution weights and the input batches in NHWC memory format (faster convolutions on tensor-core GPUs;
-    the same numbers, see the tests).
+    the same numbers, see the tests). Its checkpoints resume exactly (:class:`~vitzoo.training.resume.ExactResume`).
     """
 
     def __init__(self, arch: str, attention: Union[str, Mapping[str, Any]], num_classes: int, img_size: int,
@@ -82,6 +82,8 @@ class ImageClassifier(L.LightningModule):
             self.mixup = Mixup(**mix, label_smoothing=label_smoothing, num_classes=num_classes)
             self.soft_ce = SoftTargetCrossEntropy()
         self.train_metrics = _metrics(num_classes).clone(prefix="train/")
+        # the epoch's mean loss (training batches are all full: drop_last); "disable": no NaN check, a host sync
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.val_metrics = _metrics(num_classes).clone(prefix="val/")
         self.test_metrics = _metrics(num_classes).clone(prefix="test/")
         if compile:
@@ -104,7 +106,9 @@ class ImageClassifier(L.LightningModule):
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         # not prog_bar: Lightning would read it as a number after every step, a host sync on a GPU
         # (ThrottledProgressBar shows train/loss_step at most once a second instead)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, sync_dist=True)
+        self.log("train/loss_step", loss, on_step=True, on_epoch=False)
+        self.train_loss.update(loss.detach())
+        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         return loss
 
     def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
