@@ -1,19 +1,22 @@
-"""What train.py and eval.py do before Hydra parses the command line.
+"""What train.py, eval.py and predict.py do around their pipeline: before Hydra parses the command line,
+and, once it has, the checks that need no model and the clean-up of a refused start.
 
 Nothing here imports torch, timm or Lightning (importing ``vitzoo`` does, since it registers the
-architectures with timm), so ``--help`` and a configuration error answer in well under a second:
-the scripts import their pipeline inside ``main``.
+architectures with timm), so ``--help``, a configuration error and a missing file answer before those
+imports: the scripts import their pipeline inside ``main``, after :func:`check_paths`.
 """
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 _HIDDEN_GROUPS = ("hydra",)
@@ -101,8 +104,98 @@ def hydra_errors() -> Iterator[None]:
         sys.exit(f"error: {_one_line(err)}")
 
 
+def _required(cfg: DictConfig, key: str) -> Any:
+    if OmegaConf.is_missing(cfg, key):
+        sys.exit(f"error: {key} is required (??? in the config); pass {key}=... on the command line")
+    return cfg[key]
+
+
+def _paths(value: Any) -> List[str]:
+    """One path, a list of paths or a {label: path} mapping, as a list."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, dict):
+        return [str(v) for v in value.values()]
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [] if value is None else [str(value)]
+
+
+def check_paths(cfg: DictConfig, files: Sequence[str] = (), inputs: Sequence[str] = ()) -> None:
+    """Before any import of the pipeline: every path under the keys ``files`` names an existing file, each of
+    ``inputs`` a file, a folder with files in it or a glob that matches one, and ``data.root`` (when the data
+    has one and does not download) an existing folder. The first that does not is one line on stderr, exit 1."""
+    for key in files:
+        for path in _paths(_required(cfg, key)):
+            if not os.path.isfile(path):
+                what = "is a folder" if os.path.isdir(path) else "does not exist"
+                sys.exit(f"error: {key}={path!r} {what}; pass a checkpoint file, e.g. "
+                         f"logs/train/runs/<date>_<time>/checkpoints/last.ckpt")
+    for key in inputs:
+        for spec in _paths(_required(cfg, key)):
+            if any(c in spec for c in "*?["):
+                found = any(os.path.isfile(p) for p in glob.glob(os.path.expanduser(spec)))
+            else:
+                path = Path(spec).expanduser()
+                found = path.is_file() or (path.is_dir() and any(p.is_file() for p in path.iterdir()))
+                if not found and not path.exists():
+                    sys.exit(f"error: {key}={spec!r} does not exist; pass a folder, a file or a glob such as "
+                             f"'images/*.png'")
+            if not found:
+                sys.exit(f"error: {key}={spec!r} holds no files; pass a folder of images, an image or a glob")
+    data = cfg.get("data")
+    if data is not None and "root" in data and not data.get("download", False):
+        root = _required(data, "root")
+        if root is not None and not os.path.isdir(root):
+            sys.exit(f"error: data.root={root!r} is not a folder; pass data.root=<the folder that holds the images>")
+
+
+def _files(run_dir: Path, skip: Path) -> Dict[Path, int]:
+    """Every file under ``run_dir`` outside ``skip``, with its size."""
+    return {p: p.stat().st_size for p in run_dir.rglob("*") if p.is_file() and skip not in p.parents}
+
+
+@contextmanager
+def refused_start_leaves_nothing(cfg: DictConfig) -> Iterator[None]:
+    """Around a Hydra job: when it stops with a one-line error (``sys.exit("error: ...")``) having written
+    nothing besides the configuration Hydra saved for it, that configuration goes (a refused resume leaves its
+    run as it was) and so does a run directory holding only empty files, with the empty folders above it up
+    to ``paths.log_dir``. A job that wrote something keeps it, with the error line appended to its log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    config_dir = run_dir / hydra_cfg.output_subdir if hydra_cfg.output_subdir else run_dir / ".no-config"
+    before = _files(run_dir, config_dir)
+    try:
+        yield
+    except SystemExit as stop:
+        if not (isinstance(stop.code, str) and stop.code.startswith("error:")):
+            raise
+        if _files(run_dir, config_dir) != before:
+            log_file = run_dir / f"{hydra_cfg.job.name}.log"
+            with open(log_file, "a") as log:
+                log.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}][ERROR] {stop.code}\n")
+            raise
+        shutil.rmtree(config_dir, ignore_errors=True)
+        if all(size == 0 for size in _files(run_dir, config_dir).values()):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            _remove_empty_parents(run_dir, Path(cfg.paths.log_dir))
+        raise
+
+
+def _remove_empty_parents(run_dir: Path, log_dir: Path) -> None:
+    log_dir = log_dir.resolve()
+    folder = run_dir.resolve().parent
+    while folder == log_dir or log_dir in folder.parents:
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            return
+        folder = folder.parent
+
+
 def launch(main: Callable[[], object], resume: bool = False) -> None:
-    """Run a ``@hydra.main`` function the way train.py (``resume=True``: :func:`resume_in_place`) and eval.py do."""
+    """Run a ``@hydra.main`` function the way train.py (``resume=True``: :func:`resume_in_place`), eval.py and
+    predict.py do."""
     wait_passively()
     if resume:
         sys.argv = resume_in_place(sys.argv)

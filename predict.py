@@ -3,21 +3,25 @@
 import hydra
 from omegaconf import DictConfig
 
-from vitzoo.segmentation.predict import predict
-from vitzoo.training import user_errors
+from launch import check_paths, launch, refused_start_leaves_nothing
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="predict")
 def main(cfg: DictConfig) -> None:
-    with user_errors():
-        summary = predict(cfg)
-    line = (f"{summary['images']} images -> {summary['output']} in {summary['seconds']:.1f} s "
-            f"({summary['images_per_s']:.2f} images/s on {summary['device']}), peak "
-            f"{summary['peak_memory_kind']} {summary['peak_memory_mib']:.0f} MiB")
-    print(line)
+    with refused_start_leaves_nothing(cfg):
+        check_paths(cfg, files=["ckpt_path"], inputs=["input", *(["masks"] if cfg.get("masks") else [])])
+        from vitzoo.segmentation import format_scores  # torch, timm: after the cheap checks
+        from vitzoo.segmentation.predict import predict
+        from vitzoo.training import user_errors
+
+        with user_errors():
+            summary = predict(cfg)
+    print(f"{summary['images']} images -> {summary['output']} in {summary['seconds']:.1f} s "
+          f"({summary['images_per_s']:.2f} images/s on {summary['device']}), peak "
+          f"{summary['peak_memory_kind']} {summary['peak_memory_mib']:.0f} MiB")
     if "scores" in summary:
-        print("scores:", {k: round(v, 4) for k, v in summary["scores"].items()})
+        print("scores:", format_scores(summary["scores"]))
 
 
 if __name__ == "__main__":
-    main()
+    launch(main)

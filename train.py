@@ -4,15 +4,17 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from launch import launch
+from launch import check_paths, launch, refused_start_leaves_nothing
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
-    from vitzoo.training import train, user_errors  # torch, timm, Lightning: after the command line is parsed
+    with refused_start_leaves_nothing(cfg):
+        check_paths(cfg, files=["ckpt_path"] if cfg.get("ckpt_path") else [])
+        from vitzoo.training import train, user_errors  # torch, timm, Lightning: after the cheap checks
 
-    with user_errors():
-        metrics = train(cfg)
+        with user_errors():
+            metrics = train(cfg)
     return metrics.get(cfg.get("optimized_metric"))
 
 

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from vitzoo.training import read_checkpoint, write_json
+from vitzoo.training.console import quiet_lightning
 
 from .files import Sample, expand_pages, list_images, mask_stem, pair_samples
 from .inference import sliding_window_probs
@@ -44,8 +45,7 @@ def load_segmenter(ckpt_path: str) -> Tuple[SegmentationModule, Dict[str, Any]]:
     return module.eval(), dict(checkpoint.get("datamodule_hyper_parameters") or {})
 
 
-def _samples(cfg: DictConfig, data: Dict[str, Any]) -> List[Sample]:
-    images = list_images(cfg.input)
+def _samples(cfg: DictConfig, images: List[Path], data: Dict[str, Any]) -> List[Sample]:
     if cfg.masks is None:
         return [s for image in images for s in expand_pages(image, None)]
     suffix, masks = data.get("mask_suffix", ""), list_images(cfg.masks)
@@ -68,6 +68,8 @@ def _peak_memory_mib(device: torch.device) -> Tuple[float, str]:
 @torch.no_grad()
 def predict(cfg: DictConfig) -> Dict[str, Any]:
     """Segment ``cfg.input`` (folder, file or glob) into ``cfg.output``; see configs/predict.yaml."""
+    quiet_lightning()
+    images = list_images(cfg.input)  # before the model: a wrong input costs no loading
     module, data = load_segmenter(cfg.ckpt_path)
     hp = module.hparams
     labels = LabelMap(hp.num_classes, hp.ignore_index, data.get("mask_values"), data.get("binary_threshold"))
@@ -75,7 +77,7 @@ def predict(cfg: DictConfig) -> Dict[str, Any]:
     window = cfg.window if cfg.window is not None else hp.window
     overlap = cfg.overlap if cfg.overlap is not None else hp.overlap
     flip = cfg.flip if cfg.flip is not None else hp.flip
-    samples = _samples(cfg, data)
+    samples = _samples(cfg, images, data)
     device = _device(cfg.device)
     module.to(device)
     out = Path(cfg.output)

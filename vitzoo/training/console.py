@@ -1,7 +1,8 @@
-"""The console of a run: Lightning's lines that inform nobody are silenced at their source (logger
-filters and one warning filter) so that what matters stands out: the GPU/TPU availability lines, the
-logging-service tip, "Loading `train_dataloader` to estimate ...", "`Trainer.fit` stopped: ..." (the
-run's own closing line says more) and torch's pytree deprecation warning raised inside Lightning.
+"""The console of a run: Lightning's and timm's lines that inform nobody are silenced at their source
+(logger filters and one warning filter) so that what matters stands out: the GPU/TPU availability lines,
+the logging-service tip, "Loading `train_dataloader` to estimate ...", "`Trainer.fit` stopped: ..." (the
+run's own closing line says more), timm's "Loaded  from checkpoint ..." (a backbone read from an export)
+and torch's pytree deprecation warning raised inside Lightning.
 Where logging is configured (train.py: console + train.log), Lightning's messages and Python warnings
 go through it, once each, so train.log holds them too."""
 from __future__ import annotations
@@ -12,8 +13,8 @@ import warnings
 __all__ = ["quiet_lightning"]
 
 _NOISE = ("GPU available:", "TPU available:", "HPU available:", "\U0001f4a1 Tip:",
-          "Loading `train_dataloader` to estimate", "`Trainer.fit` stopped:")
-_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+          "Loading `train_dataloader` to estimate", "`Trainer.fit` stopped:", "Loaded  from checkpoint")
+_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", "timm.models._helpers")
 
 
 class _DropNoise(logging.Filter):
