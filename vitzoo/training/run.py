@@ -20,14 +20,13 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from vitzoo.models import initialise_from
-
 from .callbacks import AttentionEntropy
 from .console import quiet_lightning
 from .evaluate import read_checkpoint, run_record
 from .module import ImageClassifier
 from .progress import closing_summary, console_is_terminal, opening_line
 from .threads import size_thread_pools
+from .transfer import AttentionTransfer, initialise
 
 __all__ = ["train", "build_classifier", "user_errors", "instantiate_config", "write_json"]
 
@@ -68,14 +67,16 @@ def _plain(node: Any) -> Any:
 
 
 def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
-    """The LightningModule for ``cfg.model`` + ``cfg.module`` with the data's classes, size and statistics."""
-    model = _plain(cfg.model)
-    module = ImageClassifier(
+    """The LightningModule for ``cfg.model`` + ``cfg.module`` with the data's classes, size and statistics
+    (attention transfer's when ``cfg.transfer`` is set: ``experiment=transfer``)."""
+    model, transfer = _plain(cfg.model), _plain(cfg.get("transfer"))
+    kwargs = dict(
         arch=model["arch"], attention=model["attention"], model_kwargs=model.get("kwargs") or {},
         num_classes=datamodule.num_classes, img_size=datamodule.img_size, in_chans=datamodule.in_chans,
         mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
-    if model.get("init_from") and not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
-        initialise_from(module.model, model["init_from"])
+    module = AttentionTransfer(transfer=transfer, **kwargs) if transfer else ImageClassifier(**kwargs)
+    if not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
+        initialise(module, model.get("init_from"))
     return module
 
 
