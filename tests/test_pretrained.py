@@ -155,6 +155,8 @@ def test_a_checkpoint_that_is_not_a_vit_is_one_error(tmp_path):
         _zoo_vit(init_from=export_model(_zoo_vit("linear"), tmp_path / "linear"))
     with pytest.raises(ValueError, match=r"loads a ViT's weights; NonLocalResNet is not a vitzoo ViT"):
         initialise_from(resnet, _save(_timm_vit(), tmp_path / "vit.pth"))
+    with pytest.raises(ValueError, match=r"not a feature wrapper \(features_only=True\)"):
+        _zoo_vit(features_only=True, init_from=tmp_path / "vit.pth")
     with pytest.raises(FileNotFoundError, match=r"does not exist; give timm:<model>.<tag>, a .safetensors"):
         _zoo_vit(init_from=tmp_path / "missing.safetensors")
     (tmp_path / "last.ckpt").write_bytes(b"")

@@ -59,6 +59,10 @@ def initialise_from(model: nn.Module, source: Union[str, os.PathLike]) -> LoadRe
 
     A checkpoint of another width, depth, head count or layout, or one that is not a ViT, is one ValueError.
     """
+    if isinstance(getattr(model, "model", None), ZooVisionTransformer):
+        raise ValueError("init_from loads a whole ViT, not a feature wrapper (features_only=True): build the model "
+                         "without features_only and take features with forward_intermediates, or export it "
+                         "(vitzoo.export.export_model) and load the export with features_only=True")
     if not isinstance(model, ZooVisionTransformer):
         raise ValueError(f"init_from loads a ViT's weights; {type(model).__name__} is not a vitzoo ViT (build one of "
                          f"the vit_* architectures)")
