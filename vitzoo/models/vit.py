@@ -10,6 +10,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
 from vitzoo.attention.base import share_grid
+from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX exporter lacks)
 from .local_dir import verify_local_dir
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
