@@ -135,8 +135,12 @@ class DenseLogits(GridModule):
         self.fc2 = nn.Linear(hidden, num_heads * (width or layout.tokens), device=device, dtype=dtype)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, H, N, width): what W2 predicts for every token."""
-        return AF.acc(self.fc2(F.relu(self.fc1(x)))).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        """(B, N, C) -> (B, H, N, width): what W2 predicts for every token.
+
+        The head axis is split by a reshape to x's own sizes: the TorchScript ONNX exporter gives an unflatten's
+        output a fixed batch size, which the resampled logits' reshape would then keep."""
+        rows = AF.acc(self.fc2(F.relu(self.fc1(x))))
+        return rows.reshape(*x.shape[:-1], self.num_heads, -1).transpose(1, 2)
 
     def key_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Predicted rows -> logits over the built keys."""
