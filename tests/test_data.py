@@ -169,3 +169,23 @@ def test_labels_outside_the_classes_are_one_error_at_setup(device_cache):
     with pytest.raises(ValueError, match=r"the train split has labels \[12\] outside 0..9 .*num_classes=10"):
         dm.setup("fit")
     SyntheticDataModule(img_size=8, num_train=16, num_val=8, batch_size=4, device_cache=device_cache).setup("fit")
+
+
+def test_pin_memory_only_for_a_gpu_and_the_training_loader_resumes(monkeypatch):
+    """pin_memory=true (the CIFAR and image-folder presets) pins nothing on a CPU run (torch would warn); the
+    training loader's position comes back through its state_dict, batch for batch."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    dm = DigitsDataModule(img_size=16, batch_size=64, pin_memory=True)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert not loader.pin_memory and not dm.val_dataloader().pin_memory
+    loader.sampler.set_epoch(3)
+    epoch = list(loader)
+    assert loader.state_dict() == {"epoch": 3, "batches_taken": len(epoch)} and not loader.mid_epoch()
+    again = dm.train_dataloader()
+    again.load_state_dict({"epoch": 3, "batches_taken": 5})
+    rest = list(again)
+    assert len(rest) == len(epoch) - 5 and again.state_dict()["batches_taken"] == len(epoch)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, epoch[5:]))
+    again.load_state_dict({"epoch": 3, "batches_taken": len(epoch)})  # a finished epoch: the next one, whole
+    assert again.sampler.epoch == 4 and len(list(again)) == len(epoch)

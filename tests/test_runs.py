@@ -36,23 +36,28 @@ def first_run(tmp_path_factory):
     """Two epochs into ``run/``, started from ``cwd`` (where a new run directory would appear under logs/)."""
     root = tmp_path_factory.mktemp("runs")
     run = root / "run"
-    text = _train(["trainer.max_epochs=2", f"hydra.run.dir={run}"], root / "first.out", cwd=root)
+    text = _train(["trainer.max_epochs=2", f"hydra.run.dir={run}", "callbacks.epoch_log.heartbeat_s=1e-6"],
+                  root / "first.out", cwd=root)
     return root, run, text
 
 
 def test_a_redirected_run_logs_every_epoch_and_a_closing_sentence(first_run):
     _, run, text = first_run
     assert f"run directory {run}: vit_cifar (softmax attention)" in text
-    epochs = re.findall(r"epoch (\d)/1 step (\d+) \| train/acc1 \S+ train/acc5 \S+ train/loss \S+ val/acc1 \S+ "
+    epochs = re.findall(r"epoch (\d)/2 step (\d+) \| train/acc1 \S+ train/acc5 \S+ train/loss \S+ val/acc1 \S+ "
                         r"val/acc5 \S+ val/loss \S+ \| [\d.]+ img/s \| elapsed \d:\d\d:\d\d ETA \d:\d\d:\d\d", text)
-    assert epochs == [("0", "4"), ("1", "8")], text
+    assert epochs == [("1", "4"), ("2", "8")], text
+    # a heartbeat after every batch here (heartbeat_s=1e-6; a minute by default)
+    beats = re.findall(r"epoch (\d)/2 batch (\d)/4 step (\d) \| [\d.]+ img/s \| train/loss [\d.]+ \| "
+                       r"epoch ETA \d:\d\d:\d\d", text)
+    assert beats == [(str(e), str(b), str(4 * (e - 1) + b)) for e in (1, 2) for b in range(1, 5)], text
     closing = re.search(r"finished 2 epoch\(s\), step 8, in \S+; best val/acc1 (\S+) at epoch (\d) "
                         r"\(checkpoints/best-epoch00(\d).ckpt\); last checkpoint checkpoints/last.ckpt; "
-                        r"export export; all in (\S+)", text)
-    assert closing and closing[2] == closing[3] and closing[4] == str(run), text
+                        r"timm export in export/; all in (\S+)", text)
+    assert closing and int(closing[2]) == int(closing[3]) + 1 and closing[4] == str(run), text
     assert not [line for line in text.splitlines() if any(n in line for n in NOISE)], text
     log = (run / "train.log").read_text()  # the same lines reach the run's log file
-    assert "epoch 1/1 step 8 |" in log and "finished 2 epoch(s)" in log
+    assert "epoch 2/2 step 8 |" in log and "finished 2 epoch(s)" in log
 
 
 def _steps(event_file: Path, tag: str):

@@ -184,7 +184,8 @@ class ImageDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError("call setup() before asking for a dataloader")
         rank = self.trainer.global_rank if self.trainer is not None else 0
-        common = dict(num_workers=self.num_workers, pin_memory=self.pin_memory,
+        # pinned host memory only speeds copies to a GPU (torch warns on a CPU run)
+        common = dict(num_workers=self.num_workers, pin_memory=self.pin_memory and self._device().type == "cuda",
                       persistent_workers=self.num_workers > 0,
                       worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None)
         if not train:

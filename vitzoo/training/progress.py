@@ -1,4 +1,5 @@
-"""Progress for runs that live in a log file: one plain line per epoch, and the run's closing sentence.
+"""Progress for runs that live in a log file: a heartbeat while an epoch runs, one plain line per epoch,
+and the run's closing sentence.
 
 Lines go through ``logging`` (to the console and ``<run dir>/train.log`` under train.py), so nohup,
 SLURM and CI logs show how a run is doing while it runs, not only when it ends.
@@ -46,20 +47,30 @@ def _epoch_metrics(metrics: Dict[str, torch.Tensor]) -> str:
     return " ".join(f"{name} {value:.4g}" for name, value in shown.items())
 
 
+def _rate(images: float, seconds: float) -> str:
+    rate = images / max(seconds, 1e-9)
+    return f"{rate:.0f} img/s" if rate >= 100 else f"{rate:.3g} img/s"  # 251, 12.4, 0.837
+
+
 class EpochLog(L.Callback):
-    """After every training epoch (validation included) log ``epoch E/last step S | metrics | img/s |
-    elapsed, ETA`` (img/s: training images over the epoch's wall time, validation included).
+    """After every training epoch (validation included) log ``epoch E/N step S | metrics | img/s |
+    elapsed, ETA`` (epochs counted from 1; img/s: training images over the epoch's wall time, validation
+    included). While an epoch runs, every ``heartbeat_s`` seconds (null or 0: never) log ``epoch E/N batch
+    B/M step S | img/s | train/loss | epoch ETA``, so a long epoch in a log file is not a silent one.
 
     ``when``: ``auto`` (when stdout is not a terminal; train.py turns the progress bar off there),
     ``always`` or ``never``.
     """
 
-    def __init__(self, when: str = "auto"):
+    def __init__(self, when: str = "auto", heartbeat_s: Optional[float] = 60.0):
         if when not in WHEN:
             raise ValueError(f"callbacks.epoch_log.when={when!r}; choose one of {list(WHEN)}")
-        self.when = when
-        self._fit_start = self._epoch_start = 0.0
-        self._first_epoch, self._images = 0, 0
+        if heartbeat_s is not None and (isinstance(heartbeat_s, bool) or not isinstance(heartbeat_s, (int, float))
+                                        or heartbeat_s < 0):
+            raise ValueError(f"callbacks.epoch_log.heartbeat_s={heartbeat_s!r}; give seconds >= 0 (0 or null: off)")
+        self.when, self.heartbeat_s = when, heartbeat_s or 0.0
+        self._fit_start = self._epoch_start = self._beat_at = 0.0
+        self._first_epoch, self._images, self._beat_images = 0, 0, 0
 
     @property
     def active(self) -> bool:
@@ -69,27 +80,48 @@ class EpochLog(L.Callback):
         self._fit_start, self._first_epoch = time.monotonic(), trainer.current_epoch
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._epoch_start, self._images = time.monotonic(), 0
+        self._epoch_start = self._beat_at = time.monotonic()
+        self._images = self._beat_images = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._images += _batch_size(batch)
+        now = time.monotonic()
+        if self.heartbeat_s and now - self._beat_at >= self.heartbeat_s and self.active and trainer.is_global_zero:
+            self._heartbeat(trainer, batch_idx, now)
+
+    def _heartbeat(self, trainer: L.Trainer, batch_idx: int, now: float) -> None:
+        rate = _rate((self._images - self._beat_images) * trainer.world_size, now - self._beat_at)
+        line = f"{_epoch_text(trainer)} batch {batch_idx + 1}"
+        total = trainer.num_training_batches
+        if isinstance(total, int) and total > 0:
+            line += f"/{total}"
+        line += f" step {trainer.global_step} | {rate}"
+        loss = trainer.callback_metrics.get("train/loss_step")
+        if loss is not None:
+            line += f" | train/loss {float(loss):.4g}"
+        if isinstance(total, int) and total > 0:
+            spent = now - self._epoch_start
+            line += f" | epoch ETA {_duration(spent / (batch_idx + 1) * (total - batch_idx - 1))}"
+        log.info(line)
+        self._beat_at, self._beat_images = now, self._images
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not (self.active and trainer.is_global_zero):
             return
         now, epoch = time.monotonic(), trainer.current_epoch
         elapsed = now - self._fit_start
-        rate = self._images * trainer.world_size / max(now - self._epoch_start, 1e-9)
-        timing = f"{rate:.0f} img/s | " if rate >= 100 else f"{rate:.3g} img/s | "  # 251, 12.4, 0.837
-        timing += f"elapsed {_duration(elapsed)}"
+        timing = f"{_rate(self._images * trainer.world_size, now - self._epoch_start)} | elapsed {_duration(elapsed)}"
         if trainer.max_epochs and trainer.max_epochs > 0:
-            last = trainer.max_epochs - 1
-            timing += f" ETA {_duration(elapsed / (epoch - self._first_epoch + 1) * (last - epoch))}"
-            epoch_text = f"epoch {epoch}/{last}"
-        else:
-            epoch_text = f"epoch {epoch}"
-        log.info("%s step %d | %s | %s", epoch_text, trainer.global_step, _epoch_metrics(trainer.callback_metrics),
-                 timing)
+            left = trainer.max_epochs - 1 - epoch
+            timing += f" ETA {_duration(elapsed / (epoch - self._first_epoch + 1) * left)}"
+        log.info("%s step %d | %s | %s", _epoch_text(trainer), trainer.global_step,
+                 _epoch_metrics(trainer.callback_metrics), timing)
+
+
+def _epoch_text(trainer: L.Trainer) -> str:
+    """``epoch E/N``, counted from 1 (``epoch E`` without a set number of epochs)."""
+    epoch = trainer.current_epoch + 1
+    return f"epoch {epoch}/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else f"epoch {epoch}"
 
 
 class ThrottledProgressBar(RichProgressBar):
@@ -107,6 +139,11 @@ class ThrottledProgressBar(RichProgressBar):
         self.metrics_interval_s, self.live_metrics = metrics_interval_s, tuple(live_metrics)
         self._metrics: Optional[Dict[str, Any]] = None
         self._read_at = 0.0
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        """``Epoch E/N`` counted from 1, as the log lines count (Lightning's bar shows ``Epoch 0/0`` for one epoch)."""
+        text = f"Epoch {current_epoch + 1}" + (f"/{self.trainer.max_epochs}" if self.trainer.max_epochs else "")
+        return f"{text:{len(self.validation_description)}}"
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Dict[str, Any]:
         now = time.monotonic()
@@ -153,7 +190,7 @@ def closing_summary(trainer: L.Trainer, run_dir: Path, seconds: float) -> str:
     best = trainer.checkpoint_callback
     if best is not None and best.best_model_path:
         epoch = _best_epoch(best.best_model_path)
-        at = f" at epoch {epoch}" if epoch is not None else ""
+        at = f" at epoch {epoch + 1}" if epoch is not None else ""  # counted from 1, as the log lines are
         parts.append(f"best {best.monitor} {float(best.best_model_score):.4g}{at} ({rel(best.best_model_path)})")
     written = [p for c in trainer.checkpoint_callbacks for p in (c.last_model_path, c.best_model_path) if p]
     last = next((p for p in written if Path(p).name == "last.ckpt"), None)
@@ -161,5 +198,5 @@ def closing_summary(trainer: L.Trainer, run_dir: Path, seconds: float) -> str:
         parts.append(f"last checkpoint {rel(last)}")
     export = next((c.export_dir for c in trainer.callbacks if getattr(c, "export_dir", None)), None)
     if export is not None:
-        parts.append(f"export {rel(export)}")
+        parts.append(f"timm export in {rel(export)}/")
     return "; ".join(parts) + f"; all in {run_dir}"
