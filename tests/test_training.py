@@ -316,3 +316,21 @@ def test_channels_last_gives_the_same_logits_and_gradients(tmp_path, preset):
         torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
     with pytest.raises(ValueError, match="module.channels_last='yes'; give true or false"):
         ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, channels_last="yes")
+
+
+def test_the_progress_bar_lets_go_of_the_console_before_the_lines_that_end_a_run(tmp_path, fast_overrides):
+    """The export's line and the closing sentence come in on_fit_end and after: the bar must be stopped by
+    then (a line written under a live bar is overwritten, or sits between two copies of the bar)."""
+    cfg = compose_config(tmp_path, fast_overrides)
+    datamodule = instantiate(cfg.data)
+    bar, stopped = ThrottledProgressBar(), []
+
+    class Probe(L.Callback):
+        def on_fit_end(self, trainer, pl_module):
+            stopped.append(bar._progress_stopped)
+
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, callbacks=[Probe(), bar])
+    trainer.fit(build_classifier(cfg, datamodule), datamodule=datamodule)
+    assert stopped == [True]
+    assert bar._get_train_description(0).strip() == "Epoch 1/1"  # counted from 1, as the log lines are

@@ -140,6 +140,12 @@ class ThrottledProgressBar(RichProgressBar):
         self._metrics: Optional[Dict[str, Any]] = None
         self._read_at = 0.0
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The bar's last frame stays, and it lets go of the terminal before the lines that end a run (the
+        export's, the closing sentence): while it is live, a line written past it is overwritten or sits
+        between two copies of the bar."""
+        self._stop_progress()
+
     def _get_train_description(self, current_epoch: int) -> str:
         """``Epoch E/N`` counted from 1, as the log lines count (Lightning's bar shows ``Epoch 0/0`` for one epoch)."""
         text = f"Epoch {current_epoch + 1}" + (f"/{self.trainer.max_epochs}" if self.trainer.max_epochs else "")
