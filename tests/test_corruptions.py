@@ -9,10 +9,14 @@ import torch.nn.functional as F
 from PIL import Image
 
 from vitzoo import robustness
-from vitzoo.robustness import corrupt, list_corruptions
+from vitzoo.robustness import CORRUPTIONS, corrupt, list_corruptions
+from vitzoo.robustness.corruptions.blur import zoom_factors
+from vitzoo.robustness.corruptions.weather import frost_dir
 
-# The documented constants (Hendrycks & Dietterich's make_cifar_c.py / imagenet_c corruptions.py),
-# written out here so that a changed constant in the library fails a test.
+# The source constants, written out here so that a changed constant in the library fails a test:
+# "cifar" from hendrycks/robustness ImageNet-C/create_c/make_cifar_c.py, "imagenet" from
+# ImageNet-C/imagenet_c/imagenet_c/corruptions.py (the ImageNet tables are also found in imagecorruptions'
+# code by test_corruptions_reference.py).
 CONSTANTS = {
     "gaussian_noise": {"cifar": [0.04, 0.06, 0.08, 0.09, 0.10], "imagenet": [0.08, 0.12, 0.18, 0.26, 0.38]},
     "shot_noise": {"cifar": [500, 250, 100, 75, 50], "imagenet": [60, 25, 12, 5, 3]},
@@ -23,10 +27,47 @@ CONSTANTS = {
     "defocus_blur": {"cifar": [(0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)],
                      "imagenet": [(3, 0.1), (4, 0.5), (6, 0.5), (8, 0.5), (10, 0.5)]},
     "jpeg_compression": {"cifar": [80, 65, 58, 50, 40], "imagenet": [25, 18, 15, 10, 7]},
+    "glass_blur": {"cifar": [(0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)],
+                   "imagenet": [(0.7, 1, 2), (0.9, 2, 1), (1, 2, 3), (1.1, 3, 2), (1.5, 4, 2)]},
+    "motion_blur": {"cifar": [(6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)],
+                    "imagenet": [(10, 3), (15, 5), (15, 8), (15, 12), (20, 15)]},
+    "zoom_blur": {"cifar": [np.arange(1, 1.06, 0.01), np.arange(1, 1.11, 0.01), np.arange(1, 1.16, 0.01),
+                            np.arange(1, 1.21, 0.01), np.arange(1, 1.26, 0.01)],
+                  "imagenet": [np.arange(1, 1.11, 0.01), np.arange(1, 1.16, 0.01), np.arange(1, 1.21, 0.02),
+                               np.arange(1, 1.26, 0.02), np.arange(1, 1.31, 0.03)]},
+    "snow": {"cifar": [(0.1, 0.2, 1, 0.6, 8, 3, 0.95), (0.1, 0.2, 1, 0.5, 10, 4, 0.9), (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9),
+                       (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85), (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8)],
+             "imagenet": [(0.1, 0.3, 3, 0.5, 10, 4, 0.8), (0.2, 0.3, 2, 0.5, 12, 4, 0.7), (0.55, 0.3, 4, 0.9, 12, 8, 0.7),
+                          (0.55, 0.3, 4.5, 0.85, 12, 8, 0.65), (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55)]},
+    "frost": {"cifar": [(1, 0.2), (1, 0.3), (0.9, 0.4), (0.85, 0.4), (0.75, 0.45)],  # frost images resized by 0.2
+              "imagenet": [(1, 0.4), (0.8, 0.6), (0.7, 0.7), (0.65, 0.7), (0.6, 0.75)]},  # as they are
+    "fog": {"cifar": [(0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)],
+            "imagenet": [(1.5, 2), (2, 2), (2.5, 1.7), (2.5, 1.5), (3, 1.4)]},
+    "brightness": {"cifar": [0.05, 0.1, 0.15, 0.2, 0.3], "imagenet": [0.1, 0.2, 0.3, 0.4, 0.5]},
+    "elastic_transform": {"cifar": [(32 * 0, 32 * 0, 32 * 0.08), (32 * 0.05, 32 * 0.2, 32 * 0.07),
+                                    (32 * 0.08, 32 * 0.06, 32 * 0.06), (32 * 0.1, 32 * 0.04, 32 * 0.05),
+                                    (32 * 0.1, 32 * 0.03, 32 * 0.03)],
+                          "imagenet": [(244 * 2, 244 * 0.7, 244 * 0.1), (244 * 2, 244 * 0.08, 244 * 0.2),
+                                       (244 * 0.05, 244 * 0.01, 244 * 0.02), (244 * 0.07, 244 * 0.01, 244 * 0.02),
+                                       (244 * 0.12, 244 * 0.01, 244 * 0.02)]},
+    "pixelate": {"cifar": [0.95, 0.9, 0.85, 0.75, 0.65], "imagenet": [0.6, 0.5, 0.4, 0.3, 0.25]},
+    "spatter": {"cifar": [(0.62, 0.1, 0.7, 0.7, 0.5, 0), (0.65, 0.1, 0.8, 0.7, 0.5, 0), (0.65, 0.3, 1, 0.69, 0.5, 0),
+                          (0.65, 0.1, 0.7, 0.69, 0.6, 1), (0.65, 0.1, 0.5, 0.68, 0.6, 1)],
+                "imagenet": [(0.65, 0.3, 4, 0.69, 0.6, 0), (0.65, 0.3, 3, 0.68, 0.6, 0), (0.65, 0.3, 2, 0.68, 0.5, 0),
+                             (0.65, 0.3, 1, 0.65, 1.5, 1), (0.67, 0.4, 1, 0.65, 1.5, 1)]},
+    "saturate": {"cifar": [(0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)],
+                 "imagenet": [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)]},
 }
+FROST_RESIZE = {"cifar": 0.2, "imagenet": 1}
 NOISES = ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"]
-RANDOM = set(NOISES)
+RANDOM = set(NOISES) | {"glass_blur", "motion_blur", "snow", "frost", "fog", "spatter", "elastic_transform"}
 CASES = [(p, s) for p in ("cifar", "imagenet") for s in range(1, 6)]
+try:
+    frost_dir()
+    FROST = []
+except FileNotFoundError as err:  # the frost images come with imagecorruptions; without it frost is an error
+    FROST = [pytest.mark.skip(reason=str(err))]
+ALL = [pytest.param(n, marks=FROST) if n == "frost" else n for n in sorted(CONSTANTS)]
 
 
 def gen(seed):
@@ -91,7 +132,7 @@ def test_impulse_noise_fraction_per_element(protocol, severity):
     assert any_hit == pytest.approx(p_any, abs=tol(p_any, n // 3))
 
 
-@pytest.mark.parametrize("name", sorted(CONSTANTS))
+@pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_range_shape_dtype_and_input_untouched(name, dtype):
     x = texture(32).to(dtype)
@@ -107,7 +148,7 @@ def test_range_shape_dtype_and_input_untouched(name, dtype):
     assert torch.equal(corrupt(x, name, 0), x)  # severity 0 = clean
 
 
-@pytest.mark.parametrize("name", sorted(CONSTANTS))
+@pytest.mark.parametrize("name", ALL)
 def test_deterministic_for_a_seed(name):
     x = texture(32)
     a = corrupt(x, name, 3, generator=gen(1))
@@ -130,7 +171,8 @@ def test_protocol_defaults_by_short_side(shape, protocol):
 
 
 @pytest.mark.parametrize("protocol,size", [("cifar", 32), ("imagenet", 64)])
-@pytest.mark.parametrize("name", sorted(CONSTANTS))
+@pytest.mark.parametrize("name", NOISES + ["gaussian_blur", "defocus_blur", "contrast", "jpeg_compression",
+                                  "brightness", "pixelate"])  # the others' tables are not monotone by design
 def test_strength_grows_with_severity(name, protocol, size):
     x = texture(size).float()
     dev = [(corrupt(x, name, s, protocol=protocol, generator=gen(s)) - x).abs().mean().item() for s in range(6)]
@@ -164,9 +206,10 @@ def gaussian_blur_reference(x, sigma):
     return matrix(x.shape[-2]) @ x @ matrix(x.shape[-1]).T
 
 
+@pytest.mark.parametrize("size", [(40, 36), (96, 80)])  # small matrices; index padding and convs above 64 px
 @pytest.mark.parametrize("protocol,severity", CASES)
-def test_gaussian_blur_matches_reference(protocol, severity):
-    x = texture(40)[..., :36]  # non-square
+def test_gaussian_blur_matches_reference(protocol, severity, size):
+    x = texture(size[0])[..., :size[1]]  # non-square
     y = corrupt(x, "gaussian_blur", severity, protocol=protocol)
     ref = gaussian_blur_reference(x, CONSTANTS["gaussian_blur"][protocol][severity - 1])
     torch.testing.assert_close(y, ref.clamp(0, 1), rtol=0, atol=1e-12)
@@ -222,6 +265,20 @@ def test_jpeg_equals_pil_at_documented_quality(protocol, severity, channels):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", [n for n in ALL if n != "jpeg_compression"])
+def test_cuda_images_give_the_cpu_answer(name):
+    """Every corruption on CUDA images: the same result as on the CPU for the same CPU generator (random
+    ones draw where the generator lives), and a CUDA generator works too."""
+    x = texture(32).float()
+    cpu = corrupt(x, name, 3, generator=gen(0))
+    cuda = corrupt(x.cuda(), name, 3, generator=gen(0))
+    assert cuda.device.type == "cuda"
+    torch.testing.assert_close(cuda.cpu(), cpu, rtol=0, atol=1e-5)
+    on_device = corrupt(x.cuda(), name, 3, generator=torch.Generator("cuda").manual_seed(0))
+    assert on_device.device.type == "cuda"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", NOISES)
 def test_cpu_generator_with_cuda_images(name):
     x = texture(32).float()
@@ -231,6 +288,18 @@ def test_cpu_generator_with_cuda_images(name):
     torch.testing.assert_close(cuda.cpu(), cpu)
     on_device = corrupt(x.cuda(), name, 3, generator=torch.Generator("cuda").manual_seed(0))
     assert on_device.device.type == "cuda"
+
+
+@pytest.mark.parametrize("name", sorted(CONSTANTS))
+def test_constants_are_the_sources(name):
+    for protocol in ("cifar", "imagenet"):
+        table, source = getattr(CORRUPTIONS[name], protocol), CONSTANTS[name][protocol]
+        if name == "zoom_blur":  # (start, stop, step) of np.arange, to the last bit
+            assert [zoom_factors(*c) for c in table] == [a.tolist() for a in source]
+        elif name == "frost":
+            assert [c[:2] for c in table] == source and {c[2] for c in table} == {FROST_RESIZE[protocol]}
+        else:
+            assert list(table) == source
 
 
 def test_registry_lists_every_corruption_and_group():
@@ -266,3 +335,37 @@ def test_bad_input_names_the_fix(kwargs, match):
     args = {"images": torch.rand(1, 3, 8, 8), "name": "gaussian_noise", "severity": 3, **kwargs}
     with pytest.raises(ValueError, match=match):
         corrupt(**args)
+
+
+def test_frost_without_imagecorruptions_names_the_install(monkeypatch):
+    from vitzoo.robustness.corruptions import weather
+    monkeypatch.setattr(weather, "FROST_PACKAGE", "imagecorruptions_not_installed")
+    weather._frost_images.cache_clear()
+    weather._frost_layers.cache_clear()
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps imagecorruptions==1\.1\.2"):
+        corrupt(texture(32).float(), "frost", 3)
+    weather._frost_images.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["brightness", "saturate", "snow", "frost", "spatter"])
+def test_colour_corruptions_need_gray_or_rgb(name):
+    if name == "frost" and FROST:
+        pytest.skip(FROST[0].kwargs["reason"])
+    with pytest.raises(ValueError, match=f"{name} needs 1 or 3 channels"):
+        corrupt(torch.rand(1, 2, 32, 32), name, 3)
+    gray = corrupt(torch.rand(2, 1, 32, 32), name, 3, generator=gen(0))
+    assert gray.shape == (2, 1, 32, 32)
+
+
+def test_gray_brightness_and_saturate_follow_hsv():
+    """One channel: HSV value is the pixel, so brightness adds c (clipped); saturation stays 0 (the pixel)."""
+    x = texture(32)[:, :1]
+    for protocol, severity in CASES:
+        c = CONSTANTS["brightness"][protocol][severity - 1]
+        torch.testing.assert_close(corrupt(x, "brightness", severity, protocol=protocol), (x + c).clamp(max=1))
+        assert torch.equal(corrupt(x, "saturate", severity, protocol=protocol), x)
+
+
+def test_glass_blur_needs_room_to_move_pixels():
+    with pytest.raises(ValueError, match="glass_blur at this severity needs images larger than 8 px"):
+        corrupt(torch.rand(1, 3, 8, 40), "glass_blur", 5, protocol="imagenet")

@@ -126,8 +126,10 @@ def motion_blur(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Te
 # ---------------------------------------------------------------- zoom blur
 
 def zoom_factors(start: float, stop: float, step: float) -> list[float]:
-    """``np.arange(start, stop, step)`` (its length is ceil((stop - start) / step) in floats)."""
-    return [start + k * step for k in range(math.ceil((stop - start) / step))]
+    """``np.arange(start, stop, step)`` to the last bit: ceil((stop - start) / step) values
+    ``start + k * delta`` with numpy's ``delta = (start + step) - start``."""
+    delta = (start + step) - start
+    return [start + k * delta for k in range(math.ceil((stop - start) / step))]
 
 
 def zoom_blur(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tensor:

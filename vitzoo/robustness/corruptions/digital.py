@@ -87,31 +87,20 @@ def _affine_points(h: int, w: int) -> Tensor:
 
 
 def affine_warp(x: Tensor, shift: Tensor) -> Tensor:
-    """``cv2.warpAffine`` (bilinear, reflect-101) by the affine map taking the reference's three points
-    to themselves plus ``shift`` (B, 3, 2) float32, with cv2's fixed point: each source position
-    rounded to 1/1024 per term, then to 1/32 of a pixel (where its weight table lives)."""
+    """``cv2.warpAffine`` (bilinear, reflect-101 borders) by the affine map taking the reference's three
+    points to themselves plus ``shift`` (B, 3, 2): each output pixel samples the inverse map's point."""
     b, _, h, w = x.shape
-    src = _affine_points(h, w).to(shift.device)
-    dst = (src + shift).double()
+    src = _affine_points(h, w).to(shift.device).double()
+    dst = src + shift.double()
     ones = torch.ones(b, 3, 1, dtype=torch.float64, device=shift.device)
-    m = torch.linalg.solve(torch.cat([src.double().expand(b, -1, -1), ones], 2), dst).transpose(1, 2)  # (B, 2, 3)
-    det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
-    d = torch.where(det != 0, 1 / det, 0.0)
-    a11, a22, a12, a21 = m[:, 1, 1] * d, m[:, 0, 0] * d, -m[:, 0, 1] * d, -m[:, 1, 0] * d
-    b1 = -a11 * m[:, 0, 2] - a12 * m[:, 1, 2]
-    b2 = -a21 * m[:, 0, 2] - a22 * m[:, 1, 2]
-    xs = torch.arange(w, dtype=torch.float64, device=shift.device)
-    ys = torch.arange(h, dtype=torch.float64, device=shift.device)
-
-    def fixed(per_col: Tensor, per_row: Tensor, offset: Tensor) -> Tensor:  # in 1/32 px, (B, H, W)
-        row_term = torch.round((per_row[:, None] * ys + offset[:, None]) * 1024) + 16
-        col_term = torch.round(per_col[:, None] * xs * 1024)
-        return torch.floor((row_term[:, :, None] + col_term[:, None, :]) / 32).long()
-
-    fx_, fy_ = fixed(a11, a12, b1), fixed(a21, a22, b2)
-    frac = lambda v: (v & 31).to(torch.float32) / 32  # noqa: E731
-    return _bilinear(x, (fy_ >> 5).to(x.device), (fx_ >> 5).to(x.device), frac(fy_).to(x.device),
-                     frac(fx_).to(x.device), "reflect101")
+    inverse = torch.linalg.solve(torch.cat([dst, ones], 2), src.expand(b, -1, -1))  # (B, 3, 2): dst -> src
+    cols = torch.arange(w, dtype=torch.float64, device=shift.device)
+    rows = torch.arange(h, dtype=torch.float64, device=shift.device)
+    grid = torch.stack(torch.broadcast_tensors(cols[None, :], rows[:, None], torch.ones(1, 1, dtype=torch.float64,
+                                                                                        device=shift.device)), -1)
+    at = (grid.view(1, h * w, 3) @ inverse).view(b, h, w, 2).to(x.device)  # (x, y) in the source
+    c0, r0 = at[..., 0].floor(), at[..., 1].floor()
+    return _bilinear(x, r0.long(), c0.long(), at[..., 1] - r0, at[..., 0] - c0, "reflect101")
 
 
 def elastic_at(x: Tensor, c: tuple, shift: Tensor, noise: Tensor) -> Tensor:

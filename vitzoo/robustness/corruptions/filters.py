@@ -69,6 +69,8 @@ def separable(x: Tensor, weights: Tensor, border: str) -> Tensor:
 
 def gaussian_blur(x: Tensor, sigma: float, border: str = "nearest", truncate: float = 4.0) -> Tensor:
     """``skimage.filters.gaussian`` over the last two dims: taps to ``int(truncate * sigma + 0.5)``."""
+    if sigma == 0:  # scipy leaves the image as is
+        return x.clone()
     return separable(x, gaussian_1d(sigma, int(truncate * sigma + 0.5)), border)
 
 

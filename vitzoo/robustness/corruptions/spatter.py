@@ -58,22 +58,31 @@ def canny(img: Tensor, low: float, high: float) -> Tensor:
         edges = grown
 
 
-def chamfer_distance(edges: Tensor, cap: int = DIST_MAX) -> Tensor:
-    """cv2's ``distanceTransform(DIST_L2, 5)`` to the nearest edge pixel, in units of 2^-16 px, exact
-    below ``cap`` px (the shortest path of 5x5 chamfer steps, by relaxation), at least ``cap`` above."""
-    inf = (cap + 3) * CHAMFER_ONE
-    d = torch.where(edges, 0, inf).long()
-    steps = [(dy, dx, CHAMFER[dy * dy + dx * dx]) for dy in range(-2, 3) for dx in range(-2, 3)
-             if dy * dy + dx * dx in CHAMFER]
-    for _ in range(cap + 1):  # a path shorter than cap px has at most cap steps
-        p = F.pad(d, (2, 2, 2, 2), value=inf)
-        h, w = d.shape[-2:]
-        new = torch.stack([p[:, 2 + dy:2 + dy + h, 2 + dx:2 + dx + w] + cost for dy, dx, cost in steps]).amin(0)
-        new = torch.minimum(d, new)
-        if torch.equal(new, d):
-            break
-        d = new
-    return d
+def chamfer_distance(edges: Tensor) -> Tensor:
+    """cv2's ``distanceTransform(DIST_L2, 5)`` to the nearest edge pixel of (B, H, W) bool maps, in
+    units of 2^-16 px: its two raster passes, each row at once (the other rows' steps first, then
+    the in-row step as a running minimum)."""
+    b, h, w = edges.shape
+    far = (h + w) * 3 * CHAMFER_ONE
+    a, diag, knight = CHAMFER[1], CHAMFER[2], CHAMFER[5]
+    d = F.pad(torch.where(edges, 0, far).long(), (2, 2), value=far)  # 2 far columns each side
+    ramp = torch.arange(w, device=edges.device) * a
+    for rows, sign in ((range(h), 1), (range(h - 1, -1, -1), -1)):
+        for y in rows:
+            best = d[:, y, 2:w + 2]
+            if 0 <= y - sign < h:
+                near = d[:, y - sign]
+                best = torch.minimum(best, near[:, 2:w + 2] + a)
+                best = torch.minimum(best, torch.minimum(near[:, 1:w + 1], near[:, 3:w + 3]) + diag)
+                best = torch.minimum(best, torch.minimum(near[:, :w], near[:, 4:]) + knight)
+            if 0 <= y - 2 * sign < h:
+                far_row = d[:, y - 2 * sign]
+                best = torch.minimum(best, torch.minimum(far_row[:, 1:w + 1], far_row[:, 3:w + 3]) + knight)
+            if sign == 1:  # left to right: d[x] = min over k <= x of best[k] + a (x - k)
+                d[:, y, 2:w + 2] = torch.cummin(best - ramp, 1).values + ramp
+            else:  # right to left
+                d[:, y, 2:w + 2] = torch.cummin((best + ramp).flip(1), 1).values.flip(1) - ramp
+    return d[..., 2:w + 2]
 
 
 def equalize_hist(img: Tensor) -> Tensor:
@@ -92,7 +101,7 @@ def equalize_hist(img: Tensor) -> Tensor:
 def water_mask(liquid_u8: Tensor) -> Tensor:
     """The reference's drop shading (B, H, W) from the 8-bit liquid layer, before normalising."""
     edges = canny(liquid_u8, 50, 150)
-    dist = chamfer_distance(edges).clamp(max=DIST_MAX * CHAMFER_ONE)
+    dist = chamfer_distance(edges).clamp(max=DIST_MAX * CHAMFER_ONE)  # threshold TRUNC at 20
     dist = (correlate2d(dist.double(), BOX3.double(), "reflect101") / (9 * CHAMFER_ONE)).floor()  # blur, uint8
     dist = equalize_hist(dist)
     dist = correlate2d(dist, EMBOSS.double(), "reflect101").clamp(0, 255)  # filter2D to CV_8U
