@@ -100,7 +100,7 @@ def main() -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
-    print("targets (issue 23): slowdown <= 2.1x, CPU ratio <= 1.3x")
+    print("targets: slowdown <= 2.1x, CPU ratio <= 1.3x")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             csv.writer(f).writerows([header, *rows])

@@ -56,7 +56,7 @@ def main() -> None:
     for name, label in cases:
         median = statistics.median(times[name, label])
         print(f"{name:<30} {label:<30} {median:6.2f} s  {median / floor:5.2f}x")
-    print("target (issue 23): --help and a config error within 1.6x of import torch")
+    print("target: --help and a config error within 1.6x of import torch")
 
 
 if __name__ == "__main__":

@@ -18,15 +18,6 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-def kernels_ready() -> bool:
-    """Whether the fused linear-attention paths (``vitzoo.kernels``) can be imported."""
-    try:
-        from vitzoo.kernels import fused_linear_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def softmax_ref(q, k, v, scale=None, mask=None, noise=None):
     """softmax(q k^T * scale + mask + noise) v; a bool mask keeps True, a float mask is added."""
     q, k, v = q.double(), k.double(), v.double()

@@ -8,21 +8,17 @@ import torch.nn as nn
 import vitzoo
 from vitzoo.attention import ZooAttention, attention_options, build_attention, resolve_attention
 
-from attention_reference import (efficient_ref, kernel_ref, kernels_ready, module_out, module_qkv,  # noqa: F401
+from attention_reference import (efficient_ref, kernel_ref, module_out, module_qkv,  # noqa: F401
                                  single_thread, softmax_ref)
 
-LINEAR_IMPLS = ["eager"] + (["torch"] if kernels_ready() else [])
+LINEAR_IMPLS = ["eager", "torch"]
 TOKEN_TO_TOKEN = ["softmax", "linear", "taylor", "efficient"]  # no position enters the mixing
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def standalone(name, **options):
-    """A spec for ``name`` that runs on CPU before the fused kernels exist."""
-    cls, _ = resolve_attention(name)
-    spec = {"name": name, **options}
-    if "impl" in attention_options(cls) and not kernels_ready():
-        spec.setdefault("impl", "eager")
-    return spec
+    """A spec for ``name`` with ``options``."""
+    return {"name": name, **options}
 
 
 def build(spec, dim=16, num_heads=2, seed=0, tokens=16, **kwargs):

@@ -6,19 +6,16 @@ import torch
 import torch.nn as nn
 
 import vitzoo
-from vitzoo.attention import ZooAttention, attention_options, build_attention, resolve_attention
+from vitzoo.attention import ZooAttention, build_attention
 from vitzoo.diagnostics import attention_entropy, capture_attention
 
-from attention_reference import (efficient_ref, entropy, kernel_ref, kernels_ready, module_qkv,  # noqa: F401
+from attention_reference import (efficient_ref, entropy, kernel_ref, module_qkv,  # noqa: F401
                                  single_thread, softmax_ref)
 
 VIT = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_classes=5)
 
 
 def spec(name, **options):
-    cls, _ = resolve_attention(name)
-    if "impl" in attention_options(cls) and not kernels_ready():
-        options.setdefault("impl", "eager")
     return {"name": name, **options}
 
 

@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 
 import vitzoo
-from vitzoo.attention import LinearAttention, SoftmaxAttention, ZooAttention, attention_options, resolve_attention
+from vitzoo.attention import LinearAttention, SoftmaxAttention, ZooAttention, resolve_attention
 from vitzoo.models import NonLocalBlock, NonLocalResNet, ZooVisionTransformer, default_feature_levels
 
-from attention_reference import kernels_ready, module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
 
 SMALL_VIT = dict(depth=1, embed_dim=48, num_classes=5)  # 48 splits into 3, 6 and 12 heads
 SMALL_RESNET = dict(channels=(8, 16, 32, 64), stem_width=8, num_classes=5, img_size=32)
@@ -29,10 +29,7 @@ def resolutions(arch):
 
 
 def spec(name, **options):
-    """``name`` with options; the linear forms run eagerly until vitzoo.kernels exists."""
-    cls, _ = resolve_attention(name)
-    if "impl" in attention_options(cls) and not kernels_ready():
-        options.setdefault("impl", "eager")
+    """``name`` with options."""
     return {"name": name, **options}
 
 
@@ -173,7 +170,6 @@ def test_nonlocal_features_follow_the_cifar_stem_reductions():
 
 
 # -- fused kernels vs eager -------------------------------------------------------------------------------
-@pytest.mark.skipif(not kernels_ready(), reason="vitzoo.kernels (fused linear attention) is not importable yet")
 @pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor"])
 def test_vit_linear_torch_impl_equals_eager(feature_map):
     kwargs = {**small("vit_cifar"), "depth": 2}

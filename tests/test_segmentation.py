@@ -153,7 +153,7 @@ def test_train_py_runs_the_segment_config(export_dir, tmp_path, caplog):
 
 
 def test_cifar_stem_resnet_export_segments_through_vitzoo(tmp_path):
-    """smp rejects the CIFAR stem's stride-1..8 pyramid (README); vitzoo's decoder takes any pyramid."""
+    """smp rejects the CIFAR stem's stride-1..8 pyramid (docs/export.md); vitzoo's decoder takes any pyramid."""
     torch.manual_seed(0)
     export_model(vitzoo.create_model("nonlocal_resnet18_cifar", attention="linear", num_classes=0,
                                      channels=[8, 16, 32, 64], stem_width=8), tmp_path)

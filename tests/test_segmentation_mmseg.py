@@ -1,6 +1,6 @@
-"""The README's mmsegmentation recipe, checked against TIMMBackbone without mmseg installed.
+"""The mmsegmentation recipe of docs/export.md, checked against TIMMBackbone without mmseg installed.
 
-mmseg's models need mmcv's compiled ops, which do not install here (README). ``TIMMBackbone`` (mmseg 1.2.2,
+mmseg's models need mmcv's compiled ops, which do not install here (docs/export.md). ``TIMMBackbone`` (mmseg 1.2.2,
 mmseg/models/backbones/timm_backbone.py) takes ``model_name, features_only=True, pretrained=True,
 checkpoint_path='', in_channels=3, init_cfg=None, **kwargs`` and builds
 ``timm.create_model(model_name=..., features_only=..., pretrained=..., in_chans=in_channels,
@@ -20,15 +20,15 @@ import torch
 import vitzoo
 from vitzoo.export import export_model
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXPORT_DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 TIMM_BACKBONE_ARGS = ("model_name", "features_only", "pretrained", "checkpoint_path", "in_channels", "init_cfg")
 
 
 def _recipe() -> dict:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", EXPORT_DOC.read_text(), flags=re.S)
     (block,) = [b for b in blocks if "TIMMBackbone" in b]
     namespace: dict = {}
-    exec(block, namespace)  # plain dicts: the mmseg config as the README gives it
+    exec(block, namespace)  # plain dicts: the mmseg config as docs/export.md gives it
     return namespace
 
 

@@ -275,7 +275,7 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
     cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "data.num_train=320", *recipe])
     datamodule = instantiate(cfg.data)
     module = build_classifier(cfg, datamodule)
-    if bar == "stock":  # what the module did before: the step loss on the stock bar
+    if bar == "stock":  # the step loss logged with prog_bar, read by the stock bar
         log = module.log
         module.log = lambda name, value, **kw: log(name, value, **{**kw, "prog_bar": kw.get("prog_bar") or
                                                                    name == "train/loss_step"})
