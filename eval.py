@@ -17,9 +17,7 @@ def main(cfg: DictConfig) -> None:
     if cfg.retain_freed_memory:
         retain_freed_memory()
     with user_errors():
-        results = evaluate_checkpoints(cfg)
-    for label, summary in results["summary"].items():
-        print(label, {k: v for k, v in summary.items() if not isinstance(v, dict)})
+        evaluate_checkpoints(cfg)  # logs its results table and the paths of its files (console and eval.log)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -344,7 +345,7 @@ def report(results: List[dict], budget_name: str, budget: Budget, out: Path, com
     """results.md + results.csv + plots into ``out``, from the result files of every run in ``out/per-run``."""
     import csv
 
-    from vitzoo.robustness.report import plot_results
+    from vitzoo.robustness.plots import plot_results
 
     if not results:
         raise SystemExit("nothing to report yet; run the train phase first, or --merge result files")
@@ -367,9 +368,11 @@ def report(results: List[dict], budget_name: str, budget: Budget, out: Path, com
     curves = [r for r in results if (r["robustness"] or {}).get("records")]
     for name in ("corruptions", "logit_noise", "resolution"):
         (out / f"{name}.png").unlink(missing_ok=True)
+    data = f"CIFAR-10 val split ({budget.experiment})"
     plot_results([rec for r in curves for rec in r["robustness"]["records"]], out,
-                 {rec["checkpoint"]: r["robustness"]["img_size"] for r in curves for rec in r["robustness"]["records"]})
-    _plot_summary(rows, out / "summary.png")
+                 {rec["checkpoint"]: r["robustness"]["img_size"] for r in curves for rec in r["robustness"]["records"]},
+                 data)
+    _save_figure(summary_figure(rows, data, val_images(budget), budget.eval_images), out / "summary.png")
     exp = (ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").relative_to(ROOT)
     batches = sorted({r["profile"]["batch_size"] for r in results if "batch_size" in r["profile"]})
     batch = "batch " + " / ".join(map(str, batches)) if batches else "batch size not recorded"
@@ -406,27 +409,81 @@ def report(results: List[dict], budget_name: str, budget: Budget, out: Path, com
     return out
 
 
-def _plot_summary(rows: Dict[str, List[dict]], path: Path) -> None:
+CIFAR10_TRAIN_IMAGES = 50_000  # the --data tree's train/ (CIFAR-10); the val split is the recipe's fraction of it
+SUMMARY_KEYS = ("val acc", "gauss sev1-5", "logit sigma=1", "2x res")
+
+
+def val_images(budget: Budget) -> int:
+    """The val split's size: the recipe's ``data.val_fraction`` of CIFAR-10's 50,000 training JPEGs (as the
+    data module rounds it), which the result files do not record."""
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "configs" / "experiment" / f"{budget.experiment}.yaml").read_text())
+    return math.ceil(recipe["data"]["val_fraction"] * CIFAR10_TRAIN_IMAGES)
+
+
+def _images(result: dict, key: str, val: int, eval_images: Optional[int]) -> int:
+    """The images behind one accuracy of one run: the val split for ``val acc``; for the sweep's columns the
+    run's eval records (converted rows have none: the budget's ``eval_images``, else the val split)."""
+    if key == "val acc":
+        return val
+    clean = [r for r in (result["robustness"] or {}).get("records", []) if r["test"] == "clean"]
+    return clean[0]["num_images"] if clean else eval_images or val
+
+
+def summary_figure(rows: Dict[str, List[dict]], data: str, val: int, eval_images: Optional[int]):
+    """Bars: each preset's mean over seeds of the table's accuracies, with the Wilson 95% interval of that mean
+    on its images (test-set sampling only) as error bars; dots: the single seeds. Accuracy axis 0-100%."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
-    keys = ("val acc", "gauss sev1-5", "logit sigma=1", "2x res")
+    from vitzoo.robustness.intervals import accuracy_interval
+
     labels = [preset_rows[0]["label"] for preset_rows in rows.values()]
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    width = 0.8 / len(keys)
-    for i, key in enumerate(keys):
-        means = []
-        for preset_runs in rows.values():
-            known = [r["row"][key] for r in preset_runs if r["row"][key] is not None]
-            means.append(100 * _mean(known) if known else 0.0)
-        ax.bar([x + i * width for x in range(len(labels))], means, width, label=key)
+    fig, ax = plt.subplots(figsize=(11, 5.2))
+    width = 0.8 / len(SUMMARY_KEYS)
+    sweep_images = set()
+    for i, key in enumerate(SUMMARY_KEYS):
+        xs, means, low, high = [], [], [], []
+        for x, preset_runs in enumerate(rows.values()):
+            known = [(r["row"][key], _images(r, key, val, eval_images))
+                     for r in preset_runs if r["row"][key] is not None]
+            if not known:
+                continue
+            mean, n = _mean([acc for acc, _ in known]), min(n for _, n in known)
+            lo, hi = accuracy_interval(mean, n)
+            xs.append(x + i * width)
+            means.append(mean)
+            low.append(mean - lo)
+            high.append(hi - mean)
+            if key != "val acc":
+                sweep_images.update(n for _, n in known)
+            if len(known) > 1:
+                ax.plot([x + i * width] * len(known), [acc for acc, _ in known], "k.", markersize=3)
+        ax.bar(xs, means, width, yerr=[low, high], capsize=2, error_kw={"linewidth": 0.8}, label=key)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.legend(ncol=4, fontsize="small")
+    ax.set_ylim(0, 1)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0))
+    ax.set_ylabel("top-1 accuracy")
+    ax.legend(ncol=4, fontsize="small", loc="upper right")
     ax.grid(axis="y", alpha=0.3)
+    sweep = ", ".join(f"{n:,}" for n in sorted(sweep_images)) or "-"
+    runs = sum(len(preset_runs) for preset_runs in rows.values())
+    fig.suptitle(f"{data}: {len(rows)} presets, {runs} runs\n"
+                 f"val acc on {val:,} images (the recipe's val fraction of CIFAR-10's {CIFAR10_TRAIN_IMAGES:,} "
+                 f"training JPEGs), the other columns on the first {sweep}\n"
+                 "bars: mean over seeds (dots: each seed); error bars: Wilson 95% interval (test-set sampling)",
+                 fontsize="medium")
     fig.tight_layout()
+    return fig
+
+
+def _save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

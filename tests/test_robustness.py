@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,3 +289,41 @@ def test_attention_noise_switches_every_layer_on_and_restores_it(checkpoints):
     with pytest.raises(ValueError, match="no vitzoo attention layers"):
         with robustness.attention_noise(nn.Linear(2, 2), 1.0):
             pass
+
+
+@pytest.mark.slow
+def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints, tmp_path):
+    """eval.py's closing lines: one row per checkpoint (accuracies in %, as in robustness.json), then every
+    file's path (each exists) and the run directory; eval.log holds the same lines as the console."""
+    run = tmp_path / "eval"
+    ckpts = f"{{softmax: {checkpoints['vit_softmax']}, linear: {checkpoints['vit_linear']}}}"
+    proc = subprocess.run([sys.executable, "eval.py", f"ckpt_path={ckpts}", f"hydra.run.dir={run}",
+                           "robustness.corruptions=[gaussian_noise]", "robustness.severities=[5]",
+                           "robustness.logit_noise=[0,1]", "robustness.resolutions=[2]",
+                           "robustness.baseline=softmax", "robustness.progress=false"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line.split("] ", 1)[1] for line in proc.stdout.splitlines()]  # "[time][INFO] message"
+    header = said.index(next(line for line in said if line.startswith("checkpoint ")))
+    assert said[header - 1].split() == ["corruptions", "logit", "noise", "input", "size"]
+    assert said[header].split() == ["checkpoint", "clean", "mean", "mCE", "vs", "softmax", "1", "2x"]
+    summary = json.loads((run / "robustness.json").read_text())["summary"]
+    for line, label in zip(said[header + 1:header + 3], ("softmax", "linear")):
+        s = summary[label]
+        expected = [s["clean_acc1"], s["mean_corrupted_acc1"], s["mce"], s["logit_noise_acc1"]["1"],
+                    s["resolution_acc1"]["32"]]
+        assert line.split() == [label, *(f"{100 * v:.1f}" for v in expected)], line
+    assert said[header + 3].startswith("corruptions: mean = ") and "of the baseline softmax's" in said[header + 3]
+    assert "360 images per pass" in said[header - 2] and "Digits val split" in said[header - 2]
+
+    paths = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in said[header + 3:] if ": /" in line}
+    assert paths["run directory"] == str(run.resolve()) and said[-1].startswith("run directory: ")
+    files = [p for key in ("results", "plots", "log") for p in paths[key].split(", ")]
+    assert sorted(Path(p).name for p in files) == sorted(["robustness.json", "robustness.csv", "metrics.json",
+                                                          "corruptions.png", "logit_noise.png", "resolution.png",
+                                                          "eval.log"])
+    assert all(Path(p).is_file() and Path(p).parent == run.resolve() for p in files)
+    assert paths["tensorboard"].startswith(str(run.resolve() / "tensorboard"))
+
+    logged = (run / "eval.log").read_text().splitlines()
+    assert [line.split("] ", 1)[1] for line in logged] == said  # the log holds every line the console showed

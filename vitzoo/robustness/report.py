@@ -1,4 +1,4 @@
-"""Robustness results: summary metrics, JSON/CSV files, plots and TensorBoard scalars.
+"""Robustness results: summary metrics, JSON/CSV files and TensorBoard scalars (the plots: ``plots``).
 
 A record is one pass of one checkpoint: ``{"checkpoint", "test", "level", "acc1", "acc5", "loss",
 "num_images"}`` with ``test`` one of ``clean``, a corruption name, ``logit_noise`` (level = sigma)
@@ -7,23 +7,23 @@ or ``resolution`` (level = image size in pixels).
 from __future__ import annotations
 
 import csv
-import math
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from vitzoo.training import write_json
 
 from .corruptions import CORRUPTIONS
 from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
 
-__all__ = ["summarize", "write_results", "plot_results", "log_tensorboard", "RECORD_FIELDS"]
+__all__ = ["summarize", "write_results", "log_tensorboard", "by_checkpoint", "RECORD_FIELDS"]
 
 RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy")
 
 
-def _by_checkpoint(records: Sequence[dict]) -> Dict[str, Dict[str, Dict[float, dict]]]:
+def by_checkpoint(records: Sequence[dict]) -> Dict[str, Dict[str, Dict[float, dict]]]:
+    """``{checkpoint: {test: {level: record}}}``, checkpoints in the order of their first record."""
     out: Dict[str, Dict[str, Dict[float, dict]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
         out[r["checkpoint"]][r["test"]][r["level"]] = r
@@ -42,7 +42,7 @@ def summarize(records: Sequence[dict], baseline: Optional[str] = None) -> Dict[s
     CE_c = sum_s E_{c,s} / sum_s E^base_{c,s}, its mean ``mCE`` and the relative mCE
     (errors minus the clean error, in both numerator and denominator); 1.0 = as robust as the baseline.
     """
-    table = _by_checkpoint(records)
+    table = by_checkpoint(records)
     if baseline is not None and baseline not in table:
         raise ValueError(f"baseline {baseline!r} is not among the evaluated checkpoints {sorted(table)}")
     out: Dict[str, Dict[str, Any]] = {}
@@ -96,96 +96,13 @@ def write_results(records: Sequence[dict], summary: Dict[str, Any], out_dir: Pat
         writer.writerows(records)
 
 
-def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, int]) -> List[Path]:
-    """PNG plots, one line per checkpoint: accuracy vs severity per corruption (``corruptions.png``),
-    vs logit sigma (``logit_noise.png``), vs image size (``resolution.png``). Returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from cycler import cycler
-
-    # 20 distinguishable lines: the 10 default colours solid, then dashed (a zoo sweep has 16 checkpoints)
-    lines = cycler(linestyle=["-", "--"]) * cycler(color=plt.get_cmap("tab10").colors)
-    with plt.rc_context({"axes.prop_cycle": lines}):
-        return _plot_tables(_by_checkpoint(records), out_dir, train_sizes)
-
-
-def _plot_tables(table: dict, out_dir: Path, train_sizes: Dict[str, int]) -> List[Path]:
-    import matplotlib.pyplot as plt
-
-    labels = list(table)
-    written = []
-    corruption_names = sorted({t for tests in table.values() for t in tests if t in CORRUPTIONS})
-    if corruption_names:
-        cols = min(4, len(corruption_names))
-        rows = math.ceil(len(corruption_names) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(max(6.5, 3.6 * cols), 3.0 * rows + 0.6), squeeze=False,
-                                 sharey=True)
-        for ax, name in zip(axes.flat, corruption_names):
-            for label in labels:
-                levels = table[label].get(name, {})
-                xs = [0] + sorted(levels)
-                ys = [table[label][CLEAN][0]["acc1"]] + [levels[x]["acc1"] for x in xs[1:]]
-                ax.plot(xs, ys, marker="o", label=label)
-            ax.set(title=name, xlabel="severity (0 = clean)", xticks=range(6))
-            ax.grid(alpha=0.3)
-        for ax in axes[:, 0]:
-            ax.set_ylabel("top-1 accuracy")
-        for ax in list(axes.flat)[len(corruption_names):]:
-            ax.axis("off")
-        written.append(_save(fig, axes.flat[0], out_dir / "corruptions.png"))
-    if any(LOGIT_NOISE in t for t in table.values()):
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        for label in labels:
-            levels = table[label].get(LOGIT_NOISE, {})
-            xs = sorted(levels)
-            ax.plot(xs, [levels[x]["acc1"] for x in xs], marker="o", label=label)
-        sigmas = sorted({x for t in table.values() for x in t.get(LOGIT_NOISE, {})})
-        ax.set_xscale("symlog", linthresh=max(min([x for x in sigmas if x > 0], default=1.0), 1e-3))
-        ax.set_xticks(sigmas, [f"{x:g}" for x in sigmas])
-        ax.minorticks_off()
-        ax.set(xlabel="logit noise sigma (every attention layer, eval time)", ylabel="top-1 accuracy",
-               title="attention-logit noise")
-        ax.grid(alpha=0.3)
-        written.append(_save(fig, ax, out_dir / "logit_noise.png"))
-    if any(RESOLUTION in t for t in table.values()):
-        keys = ["acc1"] + (["entropy"] if all("entropy" in r for t in table.values() for r in t[CLEAN].values())
-                           else [])
-        fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.2), squeeze=False)
-        for ax, key in zip(axes[0], keys):
-            for label in labels:
-                levels = table[label].get(RESOLUTION, {})
-                points = {train_sizes[label]: table[label][CLEAN][0][key], **{x: r[key] for x, r in levels.items()}}
-                xs = sorted(points)
-                ax.plot(xs, [points[x] for x in xs], marker="o", label=label)
-            ax.set(xlabel="input size (px; the training size is the clean point)",
-                   ylabel="top-1 accuracy" if key == "acc1" else "attention entropy H / log n (mean over layers)",
-                   title="resolution" if key == "acc1" else "attention entropy vs resolution")
-            ax.grid(alpha=0.3)
-        written.append(_save(fig, axes[0, 0], out_dir / "resolution.png"))
-    return written
-
-
-def _save(fig, legend_ax, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    handles, names = legend_ax.get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize="small", frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.035 * math.ceil(len(names) / 4), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # long legends may be wider than the axes
-    plt.close(fig)
-    return path
-
-
 def log_tensorboard(records: Sequence[dict], log_dir: Path) -> None:
     """Scalars per checkpoint (one TensorBoard run each, so curves overlay): ``clean/acc1``,
     ``corruption/<name>`` (step = severity), ``logit_noise/acc1`` (step = 100 * sigma),
     ``resolution/acc1`` and ``resolution/entropy`` (step = image size)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    for label, tests in _by_checkpoint(records).items():
+    for label, tests in by_checkpoint(records).items():
         with SummaryWriter(str(log_dir / _safe(label))) as writer:
             for test, levels in tests.items():
                 for level, r in sorted(levels.items()):

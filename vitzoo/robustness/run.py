@@ -1,7 +1,8 @@
 """What eval.py calls: several checkpoints side by side through one robustness sweep.
 
 Writes into the run directory: ``metrics.json`` (clean metrics), ``robustness.json`` (summary and
-one record per checkpoint x test x level), ``robustness.csv``, PNG plots and TensorBoard scalars.
+one record per checkpoint x test x level), ``robustness.csv``, PNG plots and TensorBoard scalars; logs
+an opening line, then a table of the results and the paths of those files.
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from torch.utils.data import DataLoader, Subset
 
 from vitzoo.training import instantiate_config, load_classifier, run_record, write_json
 
-from .report import log_tensorboard, plot_results, summarize, write_results
+from .closing import file_lines, results_table
+from .plots import plot_results
+from .report import log_tensorboard, summarize, write_results
 from .sweep import CLEAN, Sweep, patch_multiple, resolution_size, run_pass, sweep_passes
 
 __all__ = ["evaluate_checkpoints", "checkpoint_entries", "derive_labels"]
@@ -110,6 +113,12 @@ def _data_identity(data: Any) -> str:
     return f"{name} at {data['root']}" if data.get("root") else name
 
 
+def data_name(data: Any) -> str:
+    """The val split as titles and tables name it: its folder's name, or the data module's."""
+    name = str(data.get("_target_")).rsplit(".", 1)[-1].removesuffix("DataModule")
+    return f"{Path(str(data['root'])).name} val split" if data.get("root") else f"{name} val split"
+
+
 def _warn_if_trained_on_other_data(path: str, data: DictConfig) -> None:
     """The checkpoint's run recorded its data config: say so when this evaluation reads other data
     (same class count, so nothing else would notice; evaluating elsewhere on purpose stays possible)."""
@@ -161,6 +170,9 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     device = _device(cfg.device)
 
     passes = sweep_passes(sweep)
+    out, data = Path(cfg.paths.output_dir), data_name(cfg.data)
+    log.info("evaluating %s on the %s: %d pass(es) each, into %s", ", ".join(labels), data, len(passes),
+             out.resolve())
     records: List[dict] = []
     with _Progress(rob.get("progress", True), len(labels) * len(passes)) as advance:
         for label, (model, hp) in zip(labels, loaded):
@@ -171,24 +183,28 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
                 records.append({"checkpoint": label, "test": step.test, **metrics})
             model.cpu()
 
-    out = Path(cfg.paths.output_dir)
     checkpoints = {
         label: {"path": os.path.abspath(path), "arch": hp["arch"], "attention": hp["attention"],
                 "img_size": hp["img_size"], "resolution_sizes": sizes[label]}
         for label, (_, path), (_, hp) in zip(labels, entries, loaded)}
     summary = summarize(records, baseline)
-    write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline,
+    write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline, "data": data,
                                           "sweep": {k: getattr(sweep, k) for k in SWEEP_KEYS}})
-    if rob.get("plots", True):
-        plot_results(records, out, {lb: c["img_size"] for lb, c in checkpoints.items()})
-    if rob.get("tensorboard", True):
-        log_tensorboard(records, out / "tensorboard")
+    plots = plot_results(records, out, {lb: c["img_size"] for lb, c in checkpoints.items()}, data) \
+        if rob.get("plots", True) else []
+    tensorboard = out / "tensorboard" if rob.get("tensorboard", True) else None
+    if tensorboard is not None:
+        log_tensorboard(records, tensorboard)
     clean = {r["checkpoint"]: {**{k: r[k] for k in ("acc1", "acc5", "loss", "num_images")},
                                "ckpt_path": checkpoints[r["checkpoint"]]["path"],
                                "arch": checkpoints[r["checkpoint"]]["arch"],
                                "attention": checkpoints[r["checkpoint"]]["attention"]}
              for r in records if r["test"] == CLEAN}
     write_json(out / "metrics.json", next(iter(clean.values())) if len(clean) == 1 else clean)
+    for line in [*results_table(records, summary, baseline, data, sweep.resolutions, sizes),
+                 *file_lines(out, [out / "robustness.json", out / "robustness.csv", out / "metrics.json"], plots,
+                             tensorboard)]:
+        log.info(line)
     return {"summary": summary, "records": records, "metrics": clean, "checkpoints": checkpoints}
 
 

@@ -1,0 +1,97 @@
+"""What eval.py says at its end: one row of accuracies per checkpoint, then where every file went."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .intervals import accuracy_interval
+from .report import by_checkpoint
+from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
+
+__all__ = ["results_table", "file_lines"]
+
+Column = Tuple[str, str, Dict[str, str]]  # (group, header, cell per checkpoint)
+
+
+def _pct(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _columns(records: Sequence[dict], summary: Dict[str, dict], baseline: Optional[str], factors: Sequence[float],
+             sizes: Dict[str, List[int]]) -> List[Column]:
+    table = by_checkpoint(records)
+    columns: List[Column] = [("", "clean", {lb: _pct(t[CLEAN][0]["acc1"]) for lb, t in table.items()})]
+    if any("mean_corrupted_acc1" in s for s in summary.values()):
+        columns.append(("corruptions", "mean", {lb: _pct(summary[lb].get("mean_corrupted_acc1")) for lb in table}))
+        mce = f"mCE vs {baseline}" if baseline is not None else "mCE"
+        columns.append(("corruptions", mce, {lb: _pct(summary[lb].get("mce")) for lb in table}))
+    for sigma in sorted({s for t in table.values() for s in t.get(LOGIT_NOISE, {}) if s > 0}):
+        columns.append(("logit noise", f"{sigma:g}",
+                        {lb: _pct(t.get(LOGIT_NOISE, {}).get(sigma, {}).get("acc1")) for lb, t in table.items()}))
+    for i, factor in enumerate(factors):
+        columns.append(("input size", f"{factor:g}x",
+                        {lb: _pct(t.get(RESOLUTION, {}).get(sizes[lb][i], {}).get("acc1")) for lb, t in table.items()}))
+    return columns
+
+
+def _render(labels: Sequence[str], columns: List[Column]) -> List[str]:
+    """Two header lines (groups over their columns, then the columns), then one line per checkpoint."""
+    widths = [max(len(header), *(len(cells[lb]) for lb in labels)) for _, header, cells in columns]
+    groups: List[Tuple[str, List[int]]] = []
+    for i, (group, _, _) in enumerate(columns):
+        if groups and groups[-1][0] == group:
+            groups[-1][1].append(i)
+        else:
+            groups.append((group, [i]))
+    for group, members in groups:  # a group name wider than its columns widens them evenly
+        missing = len(group) - (sum(widths[i] for i in members) + 2 * (len(members) - 1))
+        for k, i in enumerate(members):
+            widths[i] += max(0, missing + k) // len(members)
+    first = max(len("checkpoint"), *map(len, labels))
+    over = " " * first + "".join("  " + group.ljust(sum(widths[i] for i in members) + 2 * (len(members) - 1))
+                                 for group, members in groups)
+    lines = [over.rstrip()] if over.strip() else []
+    lines.append("checkpoint".ljust(first) + "".join(f"  {h:>{w}}" for (_, h, _), w in zip(columns, widths)))
+    lines += [lb.ljust(first) + "".join(f"  {cells[lb]:>{w}}" for (_, _, cells), w in zip(columns, widths))
+              for lb in labels]
+    return lines
+
+
+def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: Optional[str], data: str,
+                  factors: Sequence[float], sizes: Dict[str, List[int]]) -> List[str]:
+    """The closing table: a heading (data set, images per pass, the widest 95% interval), one row per checkpoint
+    (clean, mean corrupted and mCE, accuracy per logit sigma > 0 and per resolution factor, in %), what mCE and
+    the column groups mean. ``sizes[label][i]`` is the pixel size of ``factors[i]`` for that checkpoint."""
+    num_images = sorted({r["num_images"] for r in records})
+    count = f"{num_images[0]:,}" if len(num_images) == 1 else f"{num_images[0]:,}-{num_images[-1]:,}"
+    half = max((hi - lo) / 2 for lo, hi in (accuracy_interval(r["acc1"], r["num_images"]) for r in records))
+    columns = _columns(records, summary, baseline, factors, sizes)
+    lines = [f"top-1 accuracy (%) on the {data}, {count} images per pass (95% Wilson interval of a pass: "
+             f"+-{100 * half:.1f} points at most)", *_render(list(by_checkpoint(records)), columns)]
+    groups = {group for group, _, _ in columns}
+    if "corruptions" in groups:
+        lines.append(f"corruptions: mean = accuracy over every corruption and severity; mCE = corruption error in % "
+                     f"of the baseline {baseline}'s (Hendrycks & Dietterich; 100 = as robust, lower is better)"
+                     if baseline is not None else
+                     "corruptions: mean = accuracy over every corruption and severity; mCE needs a baseline "
+                     "(robustness.baseline=<label or .ckpt>)")
+    if "logit noise" in groups:
+        lines.append("logit noise: accuracy at sigma, N(0, sigma^2) added to every attention layer's logits "
+                     "(sigma 0 = clean)")
+    if "input size" in groups:
+        lines.append("input size: factor of each checkpoint's training size")
+    return lines
+
+
+def file_lines(out_dir: Path, results: Sequence[Path], plots: Sequence[Path], tensorboard: Optional[Path]) -> List[str]:
+    """Where the files went, as absolute paths: results, plots, TensorBoard, the log, then the run directory."""
+    logs = [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    lines = [f"results: {', '.join(str(p.resolve()) for p in results)}"]
+    if plots:
+        lines.append(f"plots: {', '.join(str(p.resolve()) for p in plots)}")
+    if tensorboard is not None:
+        lines.append(f"tensorboard: {tensorboard.resolve()} (tensorboard --logdir {tensorboard.resolve()})")
+    if logs:
+        lines.append(f"log: {', '.join(str(p.resolve()) for p in logs)}")
+    return [*lines, f"run directory: {out_dir.resolve()}"]
