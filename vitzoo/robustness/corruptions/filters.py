@@ -83,32 +83,38 @@ def correlate2d(x: Tensor, kernel: Tensor, border: str) -> Tensor:
     return out.reshape(x.shape)
 
 
-def lerp_along(x: Tensor, coords: Tensor, dim: int) -> Tensor:
-    """Linear interpolation of ``x`` along ``dim`` at float positions ``coords`` (1D), inside the range."""
-    n = x.shape[dim]
-    i0 = coords.floor().long().clamp(0, n - 1)
-    i1 = (i0 + 1).clamp(max=n - 1)
-    f = (coords - i0).to(x.dtype)
-    shape = [1] * x.ndim
-    shape[dim] = -1
-    a, b = x.index_select(dim, i0), x.index_select(dim, i1)
-    return a + (b - a) * f.view(shape)
+def _zoom_taps(n: int, factor: float, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """imagecorruptions' clipped_zoom along one axis of length n: the central ceil(n / factor) crop
+    enlarged by ``factor`` like ``scipy.ndimage.zoom(order=1)`` (round(crop * factor) outputs whose grid
+    maps the crop's end pixels onto the output's). Returns each output's two source indices (in the
+    whole axis) and the weight of the second."""
+    crop = math.ceil(n / float(factor))
+    top = (n - crop) // 2
+    size = int(round(crop * factor))
+    step = (crop - 1) / (size - 1) if size > 1 else 0.0
+    coords = torch.arange(size, dtype=torch.float64, device=device) * step
+    i0 = coords.floor().long().clamp(0, crop - 1)
+    return top + i0, top + (i0 + 1).clamp(max=crop - 1), coords - i0
+
+
+def _zoom_matrix(n: int, factor: float, like: Tensor) -> Tensor:
+    i0, i1, f = _zoom_taps(n, factor, like.device)
+    rows = torch.arange(len(i0), device=like.device)
+    m = torch.zeros(len(i0), n, dtype=torch.float64, device=like.device)
+    m.index_put_((rows, i0), 1 - f, accumulate=True).index_put_((rows, i1), f, accumulate=True)
+    return m.to(like.dtype)
 
 
 def clipped_zoom(x: Tensor, factor: float) -> Tensor:
-    """``imagecorruptions``' clipped_zoom on (..., H, W): the central ceil(H / factor) x ceil(W / factor)
-    crop enlarged by ``factor`` like ``scipy.ndimage.zoom(order=1)``; the whole enlarged crop (at least
-    H x W) is returned, callers keep its top-left H x W."""
-    out = x
-    for dim in (-2, -1):
-        n = x.shape[dim]
-        crop = math.ceil(n / float(factor))
-        top = (n - crop) // 2
-        size = int(round(crop * factor))  # scipy's output size; its grid maps the corners onto each other
-        step = (crop - 1) / (size - 1) if size > 1 else 0.0
-        coords = torch.arange(size, dtype=torch.float64, device=x.device) * step
-        out = lerp_along(out.narrow(dim, top, crop), coords, dim)
-    return out
+    """``imagecorruptions``' clipped_zoom on (..., H, W): the central crop enlarged by ``factor``, whole
+    (at least H x W; callers keep its top-left H x W). Small images: two matmuls; larger: two lerps."""
+    h, w = x.shape[-2:]
+    if max(h, w) <= MATRIX_MAX_SIDE:
+        return _zoom_matrix(h, factor, x) @ x @ _zoom_matrix(w, factor, x).T
+    r0, r1, fr = _zoom_taps(h, factor, x.device)
+    y = x[..., r0, :] + (x[..., r1, :] - x[..., r0, :]) * fr.to(x.dtype)[:, None]
+    c0, c1, fc = _zoom_taps(w, factor, x.device)
+    return y[..., c0] + (y[..., c1] - y[..., c0]) * fc.to(x.dtype)
 
 
 def box_matrix(n_in: int, n_out: int, like: Tensor) -> Tensor:
