@@ -54,7 +54,7 @@ from vitzoo.attention.linformer import linformer_attention
 from vitzoo.attention.nystrom import nystrom_attention
 from vitzoo.attention.performer import PerformerFeatureMap
 from vitzoo.attention.window import window_attention
-from vitzoo.kernels import linear_attention_torch
+from vitzoo.kernels import fused_linear_attention
 from vitzoo.training.allocator import retain_freed_memory
 
 MODES = ("fwd", "fwd+bwd")
@@ -101,7 +101,7 @@ MECHANISMS = {
     "linear_naive": linear_naive,
     "linear_eager": lambda q, k, v: AF.linear_attention(q, k, v, impl="eager"),
     "linear_torch": lambda q, k, v: AF.linear_attention(q, k, v, impl="torch"),
-    "linear_torch_ops": lambda q, k, v: linear_attention_torch(q, k, v, use_kernel=False),
+    "linear_torch_ops": lambda q, k, v: fused_linear_attention(q, k, v, impl="torch", use_kernel=False),
     "linear_triton": lambda q, k, v: AF.linear_attention(q, k, v, impl="triton"),
     "efficient": lambda q, k, v: AF.efficient_attention(q, k, v),
     "performer": kernel_module("performer"),  # m = 256 random features

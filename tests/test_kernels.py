@@ -9,13 +9,19 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from vitzoo.attention import functional as AF
-from vitzoo.kernels import fused_linear_attention, linear_attention_torch, naive_linear_attention, triton_available
+from vitzoo.kernels import KERNEL_MAPS, fused_linear_attention, naive_linear_attention, triton_available
 from vitzoo.kernels import cpu_kernel as CK
+
+
+def torch_path(q, k, v, feature_map="elu", eps=1e-6, **options):
+    """The chunked torch path (``chunk``, ``use_kernel``) behind the public entry."""
+    return fused_linear_attention(q, k, v, feature_map, eps, impl="torch", **options)
 
 EPS = 1e-6
 
@@ -79,7 +85,7 @@ def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kern
     if impl == "eager":
         out = AF.linear_attention(q, k, v, feature_map, EPS, impl="eager")
     else:
-        out = linear_attention_torch(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
+        out = torch_path(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
     ref = reference(q, k, v, feature_map)
     assert out.shape == (b, h, n, dv) and out.dtype == torch.float32
     assert_close_rel(out, ref, 1e-5)
@@ -91,7 +97,7 @@ def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kern
                                                     ("relu", False), ("identity", False), ("taylor", None)])
 def test_gradcheck_float64(feature_map, use_kernel):
     q, k, v = make_qkv(1, 2, 7, 4, 3, dtype=torch.float64, features=feature_map == "identity")
-    fn = lambda q, k, v: linear_attention_torch(q, k, v, feature_map, EPS, chunk=3, use_kernel=use_kernel)  # noqa: E731
+    fn = lambda q, k, v: torch_path(q, k, v, feature_map, EPS, chunk=3, use_kernel=use_kernel)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
@@ -149,7 +155,7 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
     x = torch.cat([torch.linspace(-110, 10, 24001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -87.4, -103.9])])
     rows = x.reshape(-1, 1, 1, 1)  # (B, H, N, D): one token of one feature per slice
     for name, expected in [("elu", phi_ref(x, "elu")), ("relu", phi_ref(x, "relu"))]:
-        _, z = kernel.state_sweep(rows, torch.ones_like(rows), CK.CPU_KERNEL_MAPS.index(name), 0, 1, 256)
+        _, z = kernel.state_sweep(rows, torch.ones_like(rows), KERNEL_MAPS[name], 0, 1, 256)
         err = (z.flatten().double() - expected).abs()
         normal = expected >= torch.finfo(torch.float32).tiny
         assert (err[normal] / expected[normal]).max() < 3e-7, name
@@ -163,7 +169,7 @@ def test_cpu_kernel_keeps_subnormal_features_apart():
     k, v = torch.tensor([[[[5.0, -5.0], [-5.0, 5.0]]]]), torch.tensor([[[[1.0], [0.0]]]])
     expected = reference(q, k, v, "elu", eps=0.0)
     for use_kernel in (True, False):
-        assert_close_rel(linear_attention_torch(q, k, v, "elu", eps=0.0, use_kernel=use_kernel), expected, 1e-3)
+        assert_close_rel(torch_path(q, k, v, "elu", eps=0.0, use_kernel=use_kernel), expected, 1e-3)
 
 
 @pytest.mark.parametrize("layout", ["bhnd", "packed", "bhdn"])
@@ -183,7 +189,7 @@ def test_cpu_kernel_matches_torch_ops(feature_map, wanted, layout):
         results = []
         for use_kernel in (True, False):
             q, k, v = [t.clone().requires_grad_(name in wanted) for t, name in zip(base, "qkv")]
-            out = linear_attention_torch(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
+            out = torch_path(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
             results.append((out, grads(out, [t for t in (q, k, v) if t.requires_grad])))
         (out, gs), (out_ref, gs_ref) = results
         torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
@@ -201,7 +207,7 @@ def test_cpu_kernel_copies_overlapping_rows(feature_map):
     results = []
     for use_kernel in (True, False):
         inputs = [t.clone().requires_grad_(True) for t in (q, v)]
-        out = linear_attention_torch(inputs[0], k, inputs[1], feature_map, EPS, use_kernel=use_kernel)
+        out = torch_path(inputs[0], k, inputs[1], feature_map, EPS, use_kernel=use_kernel)
         results.append((out, torch.autograd.grad(out.sum(), inputs)))
     (out, gs), (out_ref, gs_ref) = results
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
@@ -210,13 +216,13 @@ def test_cpu_kernel_copies_overlapping_rows(feature_map):
 
 
 def test_mismatched_shapes_are_errors_not_memory_corruption():
-    """linear_attention_torch checks shapes before the kernel indexes raw memory; the kernel checks them too."""
+    """The torch path checks shapes before the kernel indexes raw memory; the kernel checks them too."""
     q, k, v = make_qkv(1, 1, 10, 4, requires_grad=False)
     with pytest.raises(ValueError, match="shape mismatch"):
-        linear_attention_torch(q, torch.randn(1, 1, 3000, 4), v, use_kernel=True)
+        torch_path(q, torch.randn(1, 1, 3000, 4), v, use_kernel=True)
     with pytest.raises(ValueError, match="shape mismatch"):
-        linear_attention_torch(q.repeat(1, 2, 1, 1), k, v, use_kernel=True)
-    kernel, elu = CK.cpu_kernel(q, "elu"), CK.CPU_KERNEL_MAPS.index("elu")
+        torch_path(q.repeat(1, 2, 1, 1), k, v, use_kernel=True)
+    kernel, elu = CK.cpu_kernel(q, "elu"), KERNEL_MAPS["elu"]
     with pytest.raises(RuntimeError, match="one \\(B, H, N\\)"):
         kernel.state_sweep(torch.randn(1, 1, 3000, 4), v, elu, 0, 3000, 256)
     S, z = kernel.state_sweep(k, v, elu, 0, 10, 256)
@@ -230,7 +236,7 @@ def test_cpu_kernel_fallback_and_switches(monkeypatch):
     """A failed build warns once, names the fix and leaves torch ops running; VITZOO_CPU_KERNEL=0
     skips the kernel; use_kernel=True where it cannot serve says why."""
     q, k, v = make_qkv(1, 2, 40, 16, requires_grad=False)
-    expected = linear_attention_torch(q, k, v, use_kernel=False)
+    expected = torch_path(q, k, v, use_kernel=False)
     from torch.utils import cpp_extension
 
     def no_compiler(*args, **kwargs):
@@ -241,12 +247,12 @@ def test_cpu_kernel_fallback_and_switches(monkeypatch):
         assert CK._build.__wrapped__() is None
     monkeypatch.setenv("VITZOO_CPU_KERNEL", "0")
     assert CK.cpu_kernel(q, "elu") is None
-    torch.testing.assert_close(linear_attention_torch(q, k, v), expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch_path(q, k, v), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="use_kernel=None"):
-        linear_attention_torch(q, k, v, use_kernel=True)
+        torch_path(q, k, v, use_kernel=True)
     monkeypatch.delenv("VITZOO_CPU_KERNEL")
     with pytest.raises(ValueError, match="float32/float64 CPU"):
-        linear_attention_torch(q.bfloat16(), k.bfloat16(), v.bfloat16(), use_kernel=True)
+        torch_path(q.bfloat16(), k.bfloat16(), v.bfloat16(), use_kernel=True)
 
 
 def test_auto_on_cpu_is_the_torch_path_and_functional_dispatches_to_it():
@@ -347,7 +353,7 @@ def test_forked_child_gets_its_own_workers():
 def test_double_backward_float64(feature_map):
     """create_graph=True gives a differentiable backward (the eager formula's): gradgradcheck."""
     q, k, v = make_qkv(1, 2, 5, 3, dtype=torch.float64)
-    assert torch.autograd.gradgradcheck(lambda a, b, c: linear_attention_torch(a, b, c, feature_map), (q, k, v))
+    assert torch.autograd.gradgradcheck(lambda a, b, c: torch_path(a, b, c, feature_map), (q, k, v))
 
 
 def test_gradient_penalty_through_shared_qkv_matches_eager():
@@ -549,3 +555,20 @@ def test_triton_launch_grids_fit_cuda_limits():
             if sms and bh * n >= 4 * sms * 512:  # enough work: >= 512 tokens a split, >= 2 programs per SM
                 assert per_split >= 512 and bh * splits >= 2 * sms
     assert _split(1, 16384, 132) == (32, 512)  # 0.5 MB of fp32 partials at D = Dv = 64, not 4 MB
+
+
+def test_both_compiled_kernels_number_the_feature_maps_as_the_table_does():
+    """KERNEL_MAPS (feature_maps.FUSED_MAPS' kernel column) is the one place a map gets its number: the C++
+    kernel's Map enum and the Triton kernels' _phi / _dphi branches must read it the same way."""
+    import re
+
+    kernels = Path(CK.__file__).parent
+    enum = re.search(r"enum Map : int64_t \{([^}]*)\}", (kernels / "csrc" / "linear_attention_cpu.cpp").read_text())
+    cpp = {name.strip()[1:].lower(): int(number) for name, number in re.findall(r"(k\w+) = (\d+)", enum[1])}
+    assert cpp == KERNEL_MAPS
+    triton_source = (kernels / "triton_linear.py").read_text()
+    for fn in ("_phi", "_dphi"):
+        body = triton_source.split(f"def {fn}(", 1)[1].split("\n\n", 1)[0]
+        branches = [int(n) for n in re.findall(r"if FEATURE == (\d+):", body)]
+        # elu and relu have a branch each; identity, the last number, is the fall-through
+        assert branches == [KERNEL_MAPS["elu"], KERNEL_MAPS["relu"]] and KERNEL_MAPS["identity"] == 2, (fn, body)

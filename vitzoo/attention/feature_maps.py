@@ -2,14 +2,14 @@
 
 Two layers:
 
-- ``FEATURE_MAPS``: the parameter-free maps the fused kernels apply themselves, by name
+- ``FUSED_MAPS``: the parameter-free maps the fused kernels apply themselves, by name
   (``elu``, ``relu``, ``taylor``, and ``identity`` for features computed beforehand), re-exported
   from their one table in ``vitzoo.kernels.feature_maps`` (values and derivatives). Each takes
   (..., D) and returns (..., D'); only ``taylor`` changes the width (it prepends a constant 1 so
   that phi(q) . phi(k) = 1 + cos(q, k), docs/mechanisms.md).
 - ``FeatureMap`` modules built from a spec: a name (``"elu"``) or a mapping with options
   (``{"name": "performer", "num_features": 256}``). A module may hold parameters or buffers.
-  One whose ``fused`` names an entry of ``FEATURE_MAPS`` runs fully fused; any other computes
+  One whose ``fused`` names an entry of ``FUSED_MAPS`` runs fully fused; any other computes
   its features here and the kernels take them as they are (``identity``), still in O(n).
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Dict, Mapping, Optional, Type, Union
 import torch
 import torch.nn as nn
 
-from vitzoo.kernels.feature_maps import FEATURE_MAPS, elu_plus_one, feature_map, identity, relu, taylor  # noqa: F401
+from vitzoo.kernels.feature_maps import FUSED_MAPS, elu_plus_one, feature_map, identity, relu, taylor  # noqa: F401
 
-__all__ = ["FEATURE_MAPS", "feature_map", "FeatureMap", "FeatureMapSpec", "register_feature_map",
+__all__ = ["FUSED_MAPS", "feature_map", "FeatureMap", "FeatureMapSpec", "register_feature_map",
            "list_feature_maps", "build_feature_map"]
 
 FeatureMapSpec = Union[str, Mapping[str, Any]]
@@ -31,7 +31,7 @@ FeatureMapSpec = Union[str, Mapping[str, Any]]
 class FeatureMap(nn.Module):
     """phi: (B, H, N, head_dim) -> (B, H, N, feature_dim), fp32 or wider, non-negative.
 
-    ``fused`` names the entry of ``FEATURE_MAPS`` this module is (the kernels then apply it
+    ``fused`` names the entry of ``FUSED_MAPS`` this module is (the kernels then apply it
     themselves); a module with ``fused = None`` computes features in ``forward``. ``is_query``
     lets a map treat queries and keys differently (Performer's stabilisers).
     """

@@ -8,13 +8,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-import cv2
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
+from .images import Images, read_rgb
 from .sampling import EpochSampler, ResumableLoader, sample_seed
 from .transforms import CROP_PADDING, HFLIP, build_eval_transform, build_train_transform, seed_worker
 from .workers import resolve_num_workers
@@ -24,17 +24,6 @@ __all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE
 log = logging.getLogger(__name__)
 
 DEVICE_CACHE_MAX_SIZE = 64  # device_cache=null turns the device path on for CUDA runs up to this img_size
-
-Images = Union[np.ndarray, Sequence[str]]
-
-
-def read_rgb(path: Union[str, os.PathLike]) -> np.ndarray:
-    """An image file as an HWC uint8 RGB array (grey images get three equal channels)."""
-    image = cv2.imread(os.fspath(path), cv2.IMREAD_COLOR)
-    if image is None:
-        raise ValueError(f"cannot read image {os.fspath(path)!r}; remove it or convert it to PNG/JPEG")
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-
 
 class ImageDataset(Dataset):
     """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths.

@@ -20,10 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .images import Images, read_rgb
+
 __all__ = ["decode_split", "load_or_build_cache", "DeviceBatches", "check_device_aug"]
-
-Images = Union[np.ndarray, Sequence[str]]
-
 
 def check_device_aug(aug: dict) -> None:
     """A clear error for augmentation options the device path does not implement."""
@@ -37,8 +36,6 @@ def check_device_aug(aug: dict) -> None:
 
 
 def _decode_one(image, img_size: int) -> np.ndarray:
-    from .datamodule import read_rgb
-
     image = image if isinstance(image, np.ndarray) else read_rgb(image)
     if image.shape[:2] != (img_size, img_size):
         image = cv2.resize(image, (img_size, img_size), interpolation=cv2.INTER_LINEAR)

@@ -3,42 +3,28 @@
 ``fused_linear_attention`` is what ``vitzoo.attention.functional.linear_attention`` calls for
 ``impl`` in auto | torch | triton; the plain formula is ``naive.naive_linear_attention``, the
 reference every path is tested against. ``auto`` takes Triton for CUDA tensors when triton imports
-and the feature map and head dims are ones the kernels serve (elu, relu, identity; see
-``triton_linear``), the torch path otherwise (e.g. ``taylor`` on CUDA). The feature maps by name are
-the table of ``feature_maps``; this package imports nothing else of vitzoo.
+and the feature map and head dims are ones the kernels serve (the maps with a kernel number in
+``feature_maps.KERNEL_MAPS``), the torch path otherwise (e.g. ``taylor`` on CUDA). The feature maps
+by name are the table of ``feature_maps``; this package imports nothing else of vitzoo, and its
+modules import one way: this entry -> ops -> the paths -> feature_maps, availability.
 """
 from __future__ import annotations
 
-import functools
-import os
 from typing import Optional
 
 import torch
 
+from .availability import triton_available, triton_interpreting
 from . import feature_maps as _maps
-from .feature_maps import FEATURE_MAPS, FUSED_MAPS
+from .feature_maps import FUSED_MAPS, KERNEL_MAPS
 from .naive import naive_linear_attention
-from .torch_linear import check_inputs, linear_attention_torch
+from .ops import fused_linear
+from .torch_linear import check_inputs
 
-__all__ = ["fused_linear_attention", "linear_attention_torch", "naive_linear_attention", "triton_available",
-           "triton_interpreting", "FUSED_IMPLS", "FEATURE_MAPS", "FUSED_MAPS"]
+__all__ = ["fused_linear_attention", "naive_linear_attention", "triton_available", "triton_interpreting",
+           "FUSED_IMPLS", "FUSED_MAPS", "KERNEL_MAPS"]
 
 FUSED_IMPLS = ("auto", "torch", "triton")
-
-
-@functools.lru_cache(maxsize=None)
-def triton_available() -> bool:
-    """Whether ``triton`` imports (it need not find a GPU)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def triton_interpreting() -> bool:
-    """Whether Triton runs kernels on its CPU interpreter (TRITON_INTERPRET=1, set before triton imports)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optional[str]:
@@ -47,10 +33,10 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
         return "triton is not installed (pip install triton)"
     if not q.is_cuda and not triton_interpreting():
         return f"the Triton kernels need CUDA tensors, got {q.device.type} ones (move q, k, v to a CUDA device)"
-    from .triton_linear import MAX_FEATURE_DIM, MAX_HEAD_DIM, TRITON_FEATURE_MAPS
+    from .triton_linear import MAX_FEATURE_DIM, MAX_HEAD_DIM
 
-    if feature_map not in TRITON_FEATURE_MAPS:
-        return f"the Triton kernels serve feature_map in {sorted(TRITON_FEATURE_MAPS)}, not {feature_map!r}"
+    if feature_map not in KERNEL_MAPS:
+        return f"the Triton kernels serve feature_map in {sorted(KERNEL_MAPS)}, not {feature_map!r}"
     if q.shape[-1] > MAX_FEATURE_DIM or v.shape[-1] > MAX_HEAD_DIM:
         return (f"the Triton kernels serve q, k up to {MAX_FEATURE_DIM} and v up to {MAX_HEAD_DIM} channels, "
                 f"got {q.shape[-1]} and {v.shape[-1]}")
@@ -60,13 +46,17 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
 
 
 def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
-                           eps: float = 1e-6, impl: str = "auto", chunk: Optional[int] = None) -> torch.Tensor:
+                           eps: float = 1e-6, impl: str = "auto", chunk: Optional[int] = None,
+                           use_kernel: Optional[bool] = None) -> torch.Tensor:
     """out = phi(q) S / (phi(q).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j); non-causal.
 
     q, k: (B, H, N, D), v: (B, H, N, Dv) -> (B, H, N, Dv) in v's dtype, sums in fp32. ``impl``:
-    ``triton`` (CUDA; CPU only under TRITON_INTERPRET=1), ``torch`` (chunked autograd Function,
-    ``chunk`` tokens per step, None = automatic) or ``auto`` (Triton where it serves the inputs).
-    Empty inputs (no tokens, heads or channels) take the torch path whatever ``impl``; with no keys
+    ``triton`` (CUDA; CPU only under TRITON_INTERPRET=1), ``torch`` (the chunked path) or ``auto``
+    (Triton where it serves the inputs). The torch path's options: ``chunk`` tokens per step (None =
+    automatic: ~1 MiB buffers of all slices in torch ops, 256 rows of each slice in the CPU kernel) and
+    ``use_kernel`` (None: the compiled CPU kernel where it serves the inputs, float32 / float64 CPU
+    tensors and a map of ``KERNEL_MAPS``, torch ops otherwise; True insists on the kernel, False on torch
+    ops). Empty inputs (no tokens, heads or channels) take the torch path whatever ``impl``; with no keys
     the output is zeros (S = 0, z = 0).
     """
     if impl not in FUSED_IMPLS:
@@ -75,12 +65,12 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(FUSED_IMPLS)}{hint}")
     _maps.feature_map(feature_map)  # an unknown name: a ValueError listing the valid ones
     check_inputs(q, k, v)
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch
         refusal = _triton_refusal(q, v, feature_map)
         if refusal is None and (impl == "triton" or q.is_cuda):
-            from .triton_linear import linear_attention_triton
-
-            return linear_attention_triton(q, k, v, feature_map, eps)
+            return fused_linear(q, k, v, feature_map, eps, "triton")
         if impl == "triton":
             raise ValueError(f"impl='triton' cannot run here: {refusal}; use impl='torch' or 'auto'")
-    return linear_attention_torch(q, k, v, feature_map, eps, chunk)
+    return fused_linear(q, k, v, feature_map, eps, "torch", chunk, use_kernel)

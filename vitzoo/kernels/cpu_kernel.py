@@ -23,9 +23,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ["CPU_KERNEL_MAPS", "cpu_kernel", "cpu_kernel_enabled"]
+from .feature_maps import KERNEL_MAPS
 
-CPU_KERNEL_MAPS = ("elu", "relu", "identity")  # the feature maps the kernel knows, by their number there
+__all__ = ["cpu_kernel", "cpu_kernel_enabled"]
+
 _SOURCE = Path(__file__).with_name("csrc") / "linear_attention_cpu.cpp"
 _ARCH_FLAGS = {  # torch's CPU capability -> what the compiler may assume
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
@@ -96,7 +97,7 @@ def cpu_kernel(x: torch.Tensor, feature_map: str) -> Optional[ModuleType]:
     """The built kernel module when it serves ``x`` (a float32 / float64 CPU tensor) and the feature
     map, else None."""
     if not (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            and feature_map in CPU_KERNEL_MAPS and cpu_kernel_enabled()):
+            and feature_map in KERNEL_MAPS and cpu_kernel_enabled()):
         return None
     with _lock:  # one build per process, whichever thread asks first
         return _build()

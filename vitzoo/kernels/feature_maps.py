@@ -2,21 +2,22 @@
 
 ``FUSED_MAPS[name]`` holds ``value(x)`` (plain torch: the naive reference and the eager path), the
 chunked torch path's ``phi(x, buf) -> (f, aux)`` into scratch and ``grad(df, f, aux, out) -> dx``
-(may overwrite ``df`` and ``f``; ``aux`` is what the derivative needs, e.g. elu's exp part), and how
-many features the map adds to the head dim. The compiled CPU kernel and the Triton kernels carry the
-same maps by number (``cpu_kernel.CPU_KERNEL_MAPS``, ``triton_linear.TRITON_FEATURE_MAPS``).
+(may overwrite ``df`` and ``f``; ``aux`` is what the derivative needs, e.g. elu's exp part), how
+many features the map adds to the head dim, and its number in the compiled kernels (the C++ CPU
+kernel's ``Map`` enum and the Triton kernels' ``FEATURE``; None: they do not apply it themselves):
+``KERNEL_MAPS`` is that column, and a test reads both kernels' sources against it.
 ``identity`` takes features computed beforehand, so any feature map (with parameters, random
 features) runs on the fused O(n) path through it.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, NamedTuple
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSED_MAPS", "FEATURE_MAPS", "FusedMap", "feature_map", "elu_plus_one", "relu", "taylor", "identity"]
+__all__ = ["FUSED_MAPS", "KERNEL_MAPS", "FusedMap", "feature_map", "elu_plus_one", "relu", "taylor", "identity"]
 
 TAYLOR_NORM_EPS = 1e-6
 _LOG2E = math.log2(math.e)
@@ -84,26 +85,28 @@ def _identity_grad(df, f, aux, out):
 
 
 class FusedMap(NamedTuple):
-    """A fused feature map: its value, the torch path's in-scratch value and derivative, added width."""
+    """A fused feature map: its value, the torch path's in-scratch value and derivative, added width, and its
+    number in the compiled kernels (None where they do not apply it)."""
 
     value: Callable[[torch.Tensor], torch.Tensor]
     phi: Callable
     grad: Callable
     extra: int = 0
+    kernel: Optional[int] = None
 
 
 FUSED_MAPS: Dict[str, FusedMap] = {
-    "elu": FusedMap(elu_plus_one, _elu_phi, _elu_grad),
-    "relu": FusedMap(relu, _relu_phi, _relu_grad),
+    "elu": FusedMap(elu_plus_one, _elu_phi, _elu_grad, kernel=0),
+    "relu": FusedMap(relu, _relu_phi, _relu_grad, kernel=1),
     "taylor": FusedMap(taylor, _taylor_phi, _taylor_grad, extra=1),
-    "identity": FusedMap(identity, _identity_phi, _identity_grad),
+    "identity": FusedMap(identity, _identity_phi, _identity_grad, kernel=2),
 }
-FEATURE_MAPS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {name: m.value for name, m in FUSED_MAPS.items()}
+KERNEL_MAPS: Dict[str, int] = {name: m.kernel for name, m in FUSED_MAPS.items() if m.kernel is not None}
 
 
 def feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The value function of the fused map ``name``; a ValueError lists the valid names."""
     try:
-        return FEATURE_MAPS[name]
+        return FUSED_MAPS[name].value
     except (KeyError, TypeError):
-        raise ValueError(f"unknown feature_map {name!r}; choose one of {sorted(FEATURE_MAPS)}") from None
+        raise ValueError(f"unknown feature_map {name!r}; choose one of {sorted(FUSED_MAPS)}") from None

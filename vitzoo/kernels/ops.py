@@ -22,26 +22,21 @@ from torch import Tensor
 
 from .feature_maps import FUSED_MAPS
 from .naive import naive_linear_attention
+from .torch_linear import torch_backward, torch_forward
 
 __all__ = ["fused_linear", "linear_attention_op", "linear_attention_backward_op", "eager_grads"]
-
-
-def _path(impl: str):
-    """The (forward, backward) functions of a fused path."""
-    if impl == "triton":
-        from .triton_linear import triton_backward, triton_forward
-
-        return triton_forward, triton_backward
-    from .torch_linear import torch_backward, torch_forward
-
-    return torch_forward, torch_backward
 
 
 @torch.library.custom_op("vitzoo::linear_attention", mutates_args=())
 def linear_attention_op(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: float, impl: str,
                         chunk: Optional[int], use_kernel: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    """(out, S, z) of non-causal kernel attention on (B, H, N, D) tensors by the ``impl`` path."""
-    return _path(impl)[0](q, k, v, feature_map, eps, chunk, use_kernel)
+    """(out, S, z) of non-causal kernel attention on (B, H, N, D) tensors by the ``impl`` path (``chunk`` and
+    ``use_kernel`` are the torch path's options)."""
+    if impl == "triton":
+        from .triton_linear import triton_forward  # triton is imported only when asked for
+
+        return triton_forward(q, k, v, feature_map, eps)
+    return torch_forward(q, k, v, feature_map, eps, chunk, use_kernel)
 
 
 @linear_attention_op.register_fake
@@ -57,7 +52,12 @@ def linear_attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, 
                                  feature_map: str, eps: float, impl: str, chunk: Optional[int],
                                  use_kernel: Optional[bool], needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv), contiguous; an empty tensor for each input whose ``needs`` is False."""
-    grads = _path(impl)[1](dout, q, k, v, S, z, feature_map, eps, chunk, use_kernel, needs)
+    if impl == "triton":
+        from .triton_linear import triton_backward
+
+        grads = triton_backward(dout, q, k, v, S, z, feature_map, eps, needs)
+    else:
+        grads = torch_backward(dout, q, k, v, S, z, feature_map, eps, chunk, use_kernel, needs)
     return tuple(g if g is not None else x.new_empty(0) for g, x in zip(grads, (q, k, v)))
 
 

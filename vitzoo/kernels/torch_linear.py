@@ -27,11 +27,10 @@ from typing import Optional
 import torch
 
 from ._threads import single_threaded_pool
-from .cpu_kernel import CPU_KERNEL_MAPS, cpu_kernel
-from .feature_maps import FUSED_MAPS, FusedMap, feature_map as _check_map
-from .ops import fused_linear
+from .cpu_kernel import cpu_kernel
+from .feature_maps import FUSED_MAPS, KERNEL_MAPS, FusedMap
 
-__all__ = ["linear_attention_torch", "torch_forward", "torch_backward", "check_inputs", "chunk_tokens"]
+__all__ = ["torch_forward", "torch_backward", "check_inputs", "chunk_tokens"]
 
 _CHUNK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 24}  # per (batch*heads, chunk, features) buffer
 _MIN_WORKER_TOKENS = 8  # fewer tokens per thread go to one worker ...
@@ -205,10 +204,10 @@ def _unit_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class _KernelSteps:
     """The same steps as sweeps of the compiled CPU kernel (cpu_kernel.py): one call walks a token range
-    of every slice in blocks of ``block`` rows per slice; float32 / float64, the maps of ``CPU_KERNEL_MAPS``."""
+    of every slice in blocks of ``block`` rows per slice; float32 / float64, the maps of ``KERNEL_MAPS``."""
 
     def __init__(self, kernel, feature_map: str, eps: float, block: Optional[int], dtype: torch.dtype):
-        self.kernel, self.map, self.eps = kernel, CPU_KERNEL_MAPS.index(feature_map), eps
+        self.kernel, self.map, self.eps = kernel, KERNEL_MAPS[feature_map], eps
         self.block, self.dtype = block or _KERNEL_BLOCK_ROWS, dtype
 
     def prepare(self, *tensors):
@@ -233,7 +232,7 @@ def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kern
     if use_kernel and kernel is None:
         raise ValueError(f"the compiled CPU kernel cannot serve these inputs ({q.device.type}, {q.dtype}, "
                          f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors and "
-                         f"{list(CPU_KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
+                         f"{sorted(KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
                          "pass use_kernel=None to fall back to torch ops")
     if kernel is not None:
         return _KernelSteps(kernel, feature_map, eps, chunk, q.dtype)
@@ -285,20 +284,3 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them with .to()")
     if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them first")
-
-
-def linear_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
-                           eps: float = 1e-6, chunk: Optional[int] = None,
-                           use_kernel: Optional[bool] = None) -> torch.Tensor:
-    """Chunked kernel attention on (B, H, N, D) tensors; ``chunk`` tokens per step (None = automatic: for torch
-    ops ~1 MiB buffers of all slices, for the CPU kernel 256 rows of each slice).
-
-    ``use_kernel``: None runs the steps in the compiled CPU kernel where it serves the inputs (float32 /
-    float64 CPU tensors, elu, relu or identity) and in torch ops otherwise; True insists on the kernel,
-    False on torch ops.
-    """
-    _check_map(feature_map)
-    check_inputs(q, k, v)
-    if chunk is not None and chunk < 1:
-        raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
-    return fused_linear(q, k, v, feature_map, eps, "torch", chunk, use_kernel)

@@ -19,12 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_interpreting
-from .ops import fused_linear
+from .availability import triton_interpreting
+from .feature_maps import KERNEL_MAPS
 
-__all__ = ["linear_attention_triton", "triton_forward", "triton_backward", "TRITON_FEATURE_MAPS", "MAX_FEATURE_DIM", "MAX_HEAD_DIM"]
+__all__ = ["triton_forward", "triton_backward", "MAX_FEATURE_DIM", "MAX_HEAD_DIM"]
 
-TRITON_FEATURE_MAPS = {"elu": 0, "relu": 1, "identity": 2}  # identity: features computed by the caller
 MAX_FEATURE_DIM = 256  # q, k: e.g. 256 precomputed random features
 MAX_HEAD_DIM = 128  # v
 REDUCE_BLOCK_N = 64  # token block of the reduction kernels: fixed, as it sets the summation order
@@ -232,7 +231,7 @@ def _partials(bh: int, splits: int, d: int, dv: int, device):
 def _meta(q, v, feature_map: str):
     d, dv = q.shape[-1], v.shape[-1]
     prec = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 operands either way
-    return dict(D=d, DV=dv, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv), FEATURE=TRITON_FEATURE_MAPS[feature_map],
+    return dict(D=d, DV=dv, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv), FEATURE=KERNEL_MAPS[feature_map],
                 PREC=prec)
 
 
@@ -276,19 +275,13 @@ def _on_device_of(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-def triton_forward(q, k, v, feature_map: str, eps: float, chunk=None, use_kernel=None):
-    """(out, S, z): the forward of ``ops.linear_attention_op`` on this path (``chunk``, ``use_kernel``: unused)."""
+def triton_forward(q, k, v, feature_map: str, eps: float):
+    """(out, S, z): the forward of ``ops.linear_attention_op`` on this path."""
     with _on_device_of(q):
         return _forward(q, k, v, feature_map, eps)
 
 
-def triton_backward(dout, q, k, v, S, z, feature_map: str, eps: float, chunk, use_kernel, needs):
+def triton_backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
     """(dq, dk, dv) (None where not ``needs``), contiguous."""
     with _on_device_of(q):
         return _backward(dout, q, k, v, S, z, feature_map, eps, needs)
-
-
-def linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
-                            eps: float = 1e-6) -> torch.Tensor:
-    """Kernel attention on (B, H, N, D) CUDA tensors (or CPU ones under TRITON_INTERPRET=1)."""
-    return fused_linear(q, k, v, feature_map, eps, "triton", None, None)

@@ -42,12 +42,10 @@ def check_export(export_dir: Union[str, Path]) -> Dict[str, Any]:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); {REEXPORT_HINT}") from None
-    from vitzoo.models import list_models
-
     arch = cfg.get("architecture")
     if not isinstance(arch, str) or not timm.is_model(arch):
-        raise ValueError(f"{cfg_file} names architecture {arch!r}, which is not registered; "
-                         f"use one of {list_models()} or import the package that registers it")
+        raise ValueError(f"{cfg_file} names architecture {arch!r}, which is not registered; use one of "
+                         f"vitzoo.list_models() or import the package that registers it")
     spec = cfg.get("model_args", {}).get("attention")
     if spec is not None:
         try:
