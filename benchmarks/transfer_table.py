@@ -1,0 +1,231 @@
+"""Attention transfer at the zoo's cpu budget: a softmax teacher, then per mechanism the student as loaded,
+after stage 1 and after stage 2, set beside the same mechanism trained from scratch (docs/zoo/cpu/results.csv).
+
+    python benchmarks/transfer_table.py --data <dir holding train/> --work logs/transfer \\
+        --presets vit_linear,vit_hedgehog --stage1 0.25 --stage2 0.5          # train what is missing, then report
+    python benchmarks/transfer_table.py --work logs/transfer --phases report    # the table, CSV and plot only
+
+Work folder: ``teacher/`` (vit_softmax, experiment=zoo_cpu, ``--teacher-epochs``; its ``export/`` is every
+student's ``model.init_from``), ``<preset>/loaded.json`` (the stage-1 run's starting student on the val split),
+``<preset>/stage1/`` and ``<preset>/stage2/`` (train.py runs, experiment=transfer_cpu). ``--stage1`` / ``--stage2``
+are epochs of training images (a fraction runs as trainer.limit_train_batches). A run with a metrics.json is done;
+one with a last.ckpt resumes. Each run's wall time (``wall_s.json``) sums its attempts. The report goes to
+``--out`` (results.md, results.csv, transfer.png).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from zoo import BUDGETS, _run_logged, model_overrides, zoo_presets  # noqa: E402  (a sibling script module)
+
+BUDGET = BUDGETS["cpu"]
+PHASES = ("teacher", "loaded", "stage1", "stage2", "report")
+SCRATCH = ROOT / "docs" / "zoo" / "cpu" / "results.csv"
+
+
+def epoch_overrides(epochs: float) -> List[str]:
+    """``epochs`` of training images as whole epochs, each limited to the same fraction of the batches."""
+    whole = max(1, math.ceil(epochs))
+    return [f"trainer.max_epochs={whole}", f"++trainer.limit_train_batches={epochs / whole:g}"]
+
+
+def _train(run_dir: Path, args: List[str]) -> None:
+    """train.py into ``run_dir`` (resumed from its last.ckpt when there is one), its wall time added up."""
+    if (run_dir / "metrics.json").is_file():
+        print(f"[done] {run_dir}", flush=True)
+        return
+    cmd = [sys.executable, "train.py", "seed=0", f"hydra.run.dir={run_dir}", *args]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        cmd.append(f"ckpt_path={last}")
+    print(f"[train] {run_dir} ...", flush=True)
+    start = time.time()
+    _run_logged(cmd, run_dir.parent / f"{run_dir.name}.harness.log")
+    wall = run_dir / "wall_s.json"
+    spent = json.loads(wall.read_text())["wall_s"] if wall.is_file() else 0.0
+    wall.write_text(json.dumps({"wall_s": spent + time.time() - start}))
+    print(f"[train] {run_dir}: {time.time() - start:.0f} s", flush=True)
+
+
+def stage_args(preset: str, data: Path, teacher: Path) -> List[str]:
+    return ["experiment=transfer_cpu", f"model={preset}", f"data.root={data}", f"model.init_from={teacher / 'export'}",
+            *model_overrides(BUDGET, preset)]
+
+
+def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path) -> None:
+    """Val accuracy of the student stage 1 starts from (and of its teacher), built as train.py builds it."""
+    if out.is_file():
+        print(f"[done] {out}", flush=True)
+        return
+    from hydra import compose, initialize_config_dir
+
+    from vitzoo.training.evaluate import evaluate
+    from vitzoo.training.run import build_classifier, instantiate_config
+    from vitzoo.training.threads import size_thread_pools
+
+    size_thread_pools()
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=stage_args(preset, data, teacher))
+    datamodule = instantiate_config(cfg.data)
+    datamodule.setup("fit")
+    module = build_classifier(cfg, datamodule)
+    start = time.time()
+    student = evaluate(module.model, datamodule.val_dataloader())
+    seconds = time.time() - start
+    teacher_scores = evaluate(module.teacher, datamodule.val_dataloader())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"val/acc1": student["acc1"], "val/loss": student["loss"],
+                               "num_images": student["num_images"], "eval_s": seconds,
+                               "teacher_val/acc1": teacher_scores["acc1"]}, indent=2))
+    print(f"[loaded] {preset}: {student['acc1']:.4f} (teacher as loaded {teacher_scores['acc1']:.4f})", flush=True)
+
+
+# ---------------------------------------------------------------- report
+COLUMNS = ("mechanism", "preset", "loaded", "stage 1", "stage 2", "from scratch", "teacher", "% of teacher",
+           "stage 1 min", "stage 2 min", "stage 1 val transfer loss")
+
+
+def _read(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def scratch_accuracy() -> Dict[str, float]:
+    """Seed-0 val accuracy of each preset in the zoo's cpu table (trained from scratch, 2 epochs)."""
+    with open(SCRATCH) as f:
+        return {row["preset"]: float(row["val acc"]) for row in csv.DictReader(f) if row["seed"] == "0"}
+
+
+def collect(work: Path, presets: List[str]) -> List[dict]:
+    labels = dict((preset, label) for label, preset in zoo_presets())
+    teacher = _read(work / "teacher" / "metrics.json")
+    scratch = scratch_accuracy()
+    rows = []
+    for preset in presets:
+        loaded = _read(work / preset / "loaded.json")
+        s1, s2 = _read(work / preset / "stage1" / "metrics.json"), _read(work / preset / "stage2" / "metrics.json")
+        if loaded is None and s1 is None:
+            continue
+        w1, w2 = _read(work / preset / "stage1" / "wall_s.json"), _read(work / preset / "stage2" / "wall_s.json")
+        row = {"mechanism": labels.get(preset, preset), "preset": preset,
+               "loaded": loaded and loaded["val/acc1"], "stage 1": s1 and s1["val/acc1"],
+               "stage 2": s2 and s2["val/acc1"], "from scratch": scratch.get(preset),
+               "teacher": teacher and teacher["best_score"],  # the checkpoint its export (init_from) holds
+               "stage 1 min": w1 and w1["wall_s"] / 60, "stage 2 min": w2 and w2["wall_s"] / 60,
+               "stage 1 val transfer loss": s1 and s1.get("val/transfer_loss")}
+        row["% of teacher"] = row["stage 2"] / row["teacher"] * 100 if row["stage 2"] and row["teacher"] else None
+        rows.append(row)
+    return rows
+
+
+def _cell(key: str, value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if key in ("loaded", "stage 1", "stage 2", "from scratch", "teacher"):
+        return f"{value * 100:.1f}"
+    if key == "stage 1 val transfer loss":
+        return f"{value:.3g}"
+    return f"{value:.1f}"
+
+
+def write_report(rows: List[dict], out: Path, work: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(k, row[k]) for k in COLUMNS) + " |" for row in rows]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    if rows:
+        plot(rows, out / "transfer.png", work)
+    print("\n".join(lines))
+
+
+def plot(rows: List[dict], path: Path, work: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = ("loaded", "stage 1", "stage 2", "from scratch")
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 + 1.3 * len(rows)), 4.6))
+    width = 0.8 / len(series)
+    for i, key in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
+        ax.bar(xs, [(row[key] or 0) * 100 for row in rows], width, label=key)
+    teacher = rows[0]["teacher"]
+    if teacher:
+        ax.axhline(teacher * 100, color="k", linestyle="--", linewidth=1, label="softmax teacher")
+        ax.axhline(teacher * 95, color="grey", linestyle=":", linewidth=1, label="95% of the teacher")
+    ax.set_xticks(range(len(rows)), [row["mechanism"] for row in rows], fontsize=8)
+    ax.set_ylim(0, 100)
+    loaded = _read(work / rows[0]["preset"] / "loaded.json")
+    ax.set_ylabel(f"val top-1 (%), {loaded['num_images']:,} images" if loaded else "val top-1 (%)")
+    images = _images(work, rows[0]["preset"])
+    ax.set_title(f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\nstage 1 {images[0]:,} + "
+                 f"stage 2 {images[1]:,} training images; from scratch (docs/zoo/cpu) 90,000", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _images(work: Path, preset: str) -> List[int]:
+    """Training images each stage saw: global steps x the batch size, from its metrics.json and config."""
+    from omegaconf import OmegaConf
+
+    seen = []
+    for stage in ("stage1", "stage2"):
+        metrics, config = _read(work / preset / stage / "metrics.json"), work / preset / stage / ".hydra" / "config.yaml"
+        seen.append(metrics["global_step"] * OmegaConf.load(config).data.batch_size if metrics and config.is_file()
+                    else 0)
+    return seen
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, help="the CIFAR-10 JPEG tree (a folder holding train/<class>/*.jpg)")
+    p.add_argument("--work", type=Path, default=ROOT / "logs" / "transfer")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "zoo" / "transfer")
+    p.add_argument("--presets", default="vit_linear,vit_hedgehog", help="comma-separated model presets, in order")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
+    p.add_argument("--teacher-epochs", type=float, default=2.0)
+    p.add_argument("--stage1", type=float, default=0.5, help="stage 1's epochs of training images")
+    p.add_argument("--stage2", type=float, default=1.5, help="stage 2's epochs of training images")
+    args = p.parse_args()
+    phases, presets = args.phases.split(","), args.presets.split(",")
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        raise SystemExit(f"--phases: unknown {unknown}; choose from {list(PHASES)}")
+    if set(phases) - {"report"} and (args.data is None or not (args.data / "train").is_dir()):
+        raise SystemExit(f"--data={args.data}: give the folder holding train/<class>/*.jpg")
+    work, teacher = args.work.resolve(), args.work.resolve() / "teacher"
+    if "teacher" in phases:
+        _train(teacher, ["experiment=zoo_cpu", "model=vit_softmax", f"data.root={args.data}",
+                         *model_overrides(BUDGET, "vit_softmax"), *epoch_overrides(args.teacher_epochs)])
+    for preset in presets:
+        base = stage_args(preset, args.data, teacher)
+        if "loaded" in phases:
+            evaluate_loaded(preset, args.data, teacher, work / preset / "loaded.json")
+        if "stage1" in phases:
+            _train(work / preset / "stage1", [*base, "transfer.stage=1", *epoch_overrides(args.stage1)])
+        if "stage2" in phases:
+            _train(work / preset / "stage2", [*base, "transfer.stage=2", *epoch_overrides(args.stage2),
+                                              f"transfer.student={work / preset / 'stage1' / 'checkpoints' / 'last.ckpt'}"])
+        if "report" in phases:
+            write_report(collect(work, presets), args.out, work)
+
+
+if __name__ == "__main__":
+    main()
