@@ -164,7 +164,7 @@ def test_errors_name_the_fix():
         build(scale="log_n")
     m = build(num_landmarks=4)
     x = torch.randn(1, N, DIM, dtype=torch.float64)
-    with pytest.raises(ValueError, match="no masked or causal form.*attention='softmax'"):
+    with pytest.raises(ValueError, match="takes no is_causal: .*attention='softmax'"):
         m(x, is_causal=True)
-    with pytest.raises(ValueError, match="no masked or causal form"):
+    with pytest.raises(ValueError, match="takes no attn_mask: "):
         m(x, attn_mask=torch.ones(N, N, dtype=torch.bool))

@@ -14,7 +14,6 @@ from . import functional as AF
 from .base import ZooAttention
 from .grid_conv import grid_conv
 from .registry import register_attention
-from .softmax import check_scale, logit_scale
 
 __all__ = ["AgentAttention", "agent_attention", "agent_probs", "agent_grid", "pool_agents"]
 
@@ -72,6 +71,9 @@ class AgentAttention(ZooAttention):
     ``scale: log_n`` counts n_a keys in softmax(Q A^T) and N in softmax(A K^T).
     """
 
+    no_mask = no_causal = ("every query reads every key through the agents; use attention='softmax' for masked or causal "
+                           "inputs")
+
     def __init__(self, dim: int, num_heads: int = 8, *args, num_agents: int = 49, kernel_size: int = 3,
                  scale: str = "sqrt_d", **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -93,24 +95,22 @@ class AgentAttention(ZooAttention):
             agents = math.prod(agent_grid(self.grid_size, self.num_agents))
             tokens = self.num_prefix_tokens + math.prod(self.grid_size)
         for count in (agents, tokens):
-            check_scale(scale, count)
+            AF.check_scale(scale, count)
         return agents, tokens
 
     def scales(self, grid: Grid, num_tokens: int) -> Tuple[float, float]:
         """(s_q, s_a) for the current grid: 1/sqrt(d), or the log-n scale of each softmax's key count."""
         agents = math.prod(agent_grid(grid, self.num_agents))
-        return (logit_scale(self.scale_mode, self.head_dim, agents, self.train_keys[0]),
-                logit_scale(self.scale_mode, self.head_dim, num_tokens, self.train_keys[1]))
+        return (AF.logit_scale(self.scale_mode, self.head_dim, agents, self.train_keys[0]),
+                AF.logit_scale(self.scale_mode, self.head_dim, num_tokens, self.train_keys[1]))
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        _no_mask(attn_mask, is_causal)
         grid, P = self.current_grid(q.shape[-2]), self.num_prefix_tokens
         out = agent_attention(q, k, v, grid, P, self.num_agents, self.scales(grid, q.shape[-2]), logit_noise,
-                              self.attn_drop.p if self.training else 0.0)
+                              self.dropout_p)
         return out if self.dwc is None else out + self.dwc.over_grid(v, grid, P)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        _no_mask(attn_mask, is_causal)
         grid = self.current_grid(q.shape[-2])
         return agent_probs(q, k, grid, query_index, self.num_prefix_tokens, self.num_agents,
                            self.scales(grid, q.shape[-2]))
@@ -118,9 +118,3 @@ class AgentAttention(ZooAttention):
     def extra_repr(self) -> str:
         kernel = self.dwc.kernel_size[0] if self.dwc is not None else 0
         return super().extra_repr() + f", num_agents={self.num_agents}, kernel_size={kernel}, scale={self.scale_mode}"
-
-
-def _no_mask(attn_mask, is_causal) -> None:
-    if attn_mask is not None or is_causal:
-        raise ValueError("agent attention takes no attn_mask or is_causal (every query reads every key through the "
-                         "agents); use attention='softmax' for masked or causal inputs")

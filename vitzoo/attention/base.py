@@ -62,6 +62,8 @@ class ZooAttention(nn.Module):
 
     projections: Sequence[str] = ("q", "k", "v")
     has_logits: bool = True  # False: no n x n attention matrix is ever formed (so nothing for attn_drop)
+    no_mask: Optional[str] = None  # why the mechanism takes no attn_mask, and what to use (None: it takes one)
+    no_causal: Optional[str] = None  # why it has no causal form, and what to use (None: it has one)
 
     def __init__(
             self,
@@ -136,6 +138,19 @@ class ZooAttention(nn.Module):
         raise NotImplementedError
 
     # -- shared machinery ---------------------------------------------------------------------
+    def check_mask(self, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
+        """An ``attn_mask`` or ``is_causal`` the mechanism has no form for is a one-line error (``no_mask``,
+        ``no_causal`` say why), never silently ignored."""
+        for given, option, why in ((attn_mask is not None, "attn_mask", self.no_mask),
+                                   (is_causal, "is_causal", self.no_causal)):
+            if given and why is not None:
+                raise ValueError(f"{type(self).__name__} takes no {option}: {why}")
+
+    @property
+    def dropout_p(self) -> float:
+        """The attention-dropout probability of this forward: ``attn_drop``'s while training, 0 in eval."""
+        return self.attn_drop.p if self.training else 0.0
+
     @property
     def active_logit_noise(self) -> float:
         """``logit_noise`` while training, ``eval_logit_noise`` (0 unless switched on) in eval."""
@@ -187,6 +202,7 @@ class ZooAttention(nn.Module):
 def attend(layer: ZooAttention, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
            attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
     """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any."""
+    layer.check_mask(attn_mask, is_causal)
     out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
     if layer.attention_probe is not None:
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from . import functional as AF
 from .base import ZooAttention
-from .linear import _no_mask
 from .registry import register_attention
 
 __all__ = ["EfficientAttention"]
@@ -17,11 +16,10 @@ class EfficientAttention(ZooAttention):
     """
 
     has_logits = False
+    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
+    no_causal = "it has no causal form; use attention='linear' with causal: true"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        _no_mask(attn_mask)
-        if is_causal:
-            raise ValueError("efficient attention has no causal form; use attention='linear' with causal: true")
         return AF.efficient_attention(q, k, v, logit_noise=logit_noise)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):

@@ -29,6 +29,9 @@ __all__ = [
     "efficient_attention",
     "efficient_probs",
     "entropy_scale",
+    "SCALE_MODES",
+    "logit_scale",
+    "check_scale",
     "additive_mask",
     "LINEAR_IMPLS",
     "acc",
@@ -54,6 +57,28 @@ def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys:
                          "train at more than one token, or use scale: sqrt_d")
     log_n = num_keys.clamp_min(2).log() if isinstance(num_keys, torch.Tensor) else math.log(max(num_keys, 2))
     return math.sqrt(head_dim) / math.log(train_keys) * log_n / head_dim
+
+
+SCALE_MODES = ("sqrt_d", "log_n")  # the scale option of the mechanisms with softmax logits
+
+
+def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[int]) -> float:
+    """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``)."""
+    if mode == "sqrt_d":
+        return head_dim ** -0.5
+    return entropy_scale(head_dim, num_keys, train_keys)
+
+
+def check_scale(mode: str, train_keys: Optional[int]) -> None:
+    """Validate a ``scale`` option at build time."""
+    if mode not in SCALE_MODES:
+        raise ValueError(f"unknown scale={mode!r}; choose one of {list(SCALE_MODES)}")
+    if mode == "log_n" and not train_keys:
+        raise ValueError("scale='log_n' needs the training token count: build it inside a vitzoo model "
+                         "or set train_tokens=<tokens at training resolution>")
+    if mode == "log_n" and train_keys < 2:
+        raise ValueError(f"scale='log_n' needs at least 2 tokens at training, got {train_keys} (log 1 = 0 sets no "
+                         "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)")
 
 
 def attended_keys(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -9,7 +9,6 @@ import torch
 
 from . import functional as AF
 from .base import ZooAttention
-from .linear import _no_mask
 from .registry import register_attention
 
 __all__ = ["hydra_attention", "hydra_probs", "HydraAttention"]
@@ -49,6 +48,8 @@ class HydraAttention(ZooAttention):
     """
 
     has_logits = False
+    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
+    no_causal = "it has no causal form here; use attention='linear' with causal: true"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, rescale: bool = False,
                  train_tokens: Optional[int] = None, **kwargs):
@@ -61,9 +62,6 @@ class HydraAttention(ZooAttention):
                              "or set train_tokens=<tokens at training resolution>")
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        _no_mask(attn_mask)
-        if is_causal:
-            raise ValueError("hydra has no causal form here; use attention='linear' with causal: true")
         return hydra_attention(q, k, v, logit_noise, self.train_tokens / k.shape[-2] if self.rescale else 1.0)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):

@@ -21,6 +21,7 @@ class LinearAttention(ZooAttention):
     """
 
     has_logits = False
+    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, feature_map: FeatureMapSpec = "elu", eps: float = 1e-6,
                  causal: bool = False, impl: str = "auto", **kwargs):
@@ -39,14 +40,12 @@ class LinearAttention(ZooAttention):
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         """Precomputed features are fp32 or wider while v may be half (autocast): the sums run in the features'
         dtype and the output comes back in v's, as with a fused map."""
-        _no_mask(attn_mask)
         fq, fk, name = self.features(q, k)
         out = AF.linear_attention(fq, fk, v.to(fq.dtype), name, self.eps, self.impl, self.causal or is_causal,
                                   logit_noise)
         return out.to(v.dtype)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        _no_mask(attn_mask)
         fq, fk, name = self.features(q, k)
         if self.causal or is_causal:
             return AF.kernel_probs(fq, fk, name, self.eps, causal=True)[:, :, query_index]
@@ -56,7 +55,3 @@ class LinearAttention(ZooAttention):
         return super().extra_repr() + f", causal={self.causal}, impl={self.impl}"
 
 
-def _no_mask(attn_mask) -> None:
-    if attn_mask is not None:
-        raise ValueError("kernel attention takes no attn_mask (it never forms the n x n matrix); "
-                         "use attention='softmax' for masked inputs")

@@ -71,6 +71,9 @@ class LinformerAttention(GridBoundAttention):
     n x proj_len logits. ``scale`` is ``sqrt_d`` only: the softmax always has proj_len keys.
     """
 
+    no_mask = no_causal = ("each projected key mixes all tokens; use attention='softmax' for masked or causal "
+                           "inputs")
+
     resampled = "projections E, F"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, proj_len: int = 64, scale: str = "sqrt_d", **kwargs):
@@ -90,20 +93,11 @@ class LinformerAttention(GridBoundAttention):
         return self.e(layout), self.f(layout)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        _no_mask(attn_mask, is_causal)
-        dropout_p = self.attn_drop.p if self.training else 0.0
         return linformer_attention(q, k, v, *self.projections_at(k.shape[-2]), logit_noise=logit_noise,
-                                   dropout_p=dropout_p)
+                                   dropout_p=self.dropout_p)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        _no_mask(attn_mask, is_causal)
         return linformer_probs(q[:, :, query_index], k, *self.projections_at(k.shape[-2]))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", proj_len={self.e.weight.shape[0]}"
-
-
-def _no_mask(attn_mask, is_causal: bool) -> None:
-    if attn_mask is not None or is_causal:
-        raise ValueError("linformer has no masked or causal form (each projected key mixes all tokens); "
-                         "use attention='softmax' for masked or causal inputs")

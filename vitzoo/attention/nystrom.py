@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
-from .softmax import check_scale, logit_scale
 
 __all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_means", "iterative_pinv"]
 
@@ -89,6 +88,9 @@ class NystromAttention(ZooAttention):
     three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md).
     """
 
+    no_mask = no_causal = ("its landmarks mix all tokens; use attention='softmax' for masked or causal "
+                           "inputs")
+
     has_logits = False  # no n x n matrix is formed: nothing for attn_drop
 
     def __init__(self, dim: int, num_heads: int = 8, *args, num_landmarks: int = 64, pinv_iterations: int = 6,
@@ -102,7 +104,7 @@ class NystromAttention(ZooAttention):
         if conv_kernel is not None and (int(conv_kernel) != conv_kernel or conv_kernel < 1 or conv_kernel % 2 == 0):
             raise ValueError(f"conv_kernel must be an odd positive integer (the paper uses 33) or null, got {conv_kernel!r}")
         self.train_tokens = train_tokens or self.num_tokens
-        check_scale(scale, self.train_tokens)
+        AF.check_scale(scale, self.train_tokens)
         if scale == "log_n" and num_landmarks < 2:
             raise ValueError(f"scale='log_n' needs num_landmarks >= 2 (a softmax over 1 landmark has no scale), "
                              f"got {num_landmarks}")
@@ -116,17 +118,15 @@ class NystromAttention(ZooAttention):
         """Landmark count and the two logit scales at ``num_tokens`` tokens."""
         m, train = min(self.num_landmarks, num_tokens), self.train_tokens
         train_landmarks = None if train is None else min(self.num_landmarks, train)
-        scale = logit_scale(self.scale_mode, self.head_dim, num_tokens, train)
-        landmark_scale = logit_scale(self.scale_mode, self.head_dim, m, train_landmarks)
+        scale = AF.logit_scale(self.scale_mode, self.head_dim, num_tokens, train)
+        landmark_scale = AF.logit_scale(self.scale_mode, self.head_dim, m, train_landmarks)
         return dict(num_landmarks=m, pinv_iterations=self.pinv_iterations, scale=scale, landmark_scale=landmark_scale)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        _no_mask(attn_mask, is_causal)
         out = nystrom_attention(q, k, v, logit_noise=logit_noise, **self.options(k.shape[-2]))
         return out if self.conv is None else out + self.conv(v)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        _no_mask(attn_mask, is_causal)
         out = nystrom_probs(q, k, query_index=query_index, **self.options(k.shape[-2]))
         return out if self.conv is None else out + self.conv_matrix(k.shape[-2], query_index)
 
@@ -142,9 +142,3 @@ class NystromAttention(ZooAttention):
         kernel = None if self.conv is None else self.conv.kernel_size[0]
         return (super().extra_repr() + f", num_landmarks={self.num_landmarks}, pinv_iterations={self.pinv_iterations}, "
                 f"conv_kernel={kernel}, scale={self.scale_mode}")
-
-
-def _no_mask(attn_mask, is_causal: bool) -> None:
-    if attn_mask is not None or is_causal:
-        raise ValueError("nystrom attention has no masked or causal form (its landmarks mix all tokens); "
-                         "use attention='softmax' for masked or causal inputs")

@@ -12,10 +12,9 @@ from typing import Optional
 import torch
 
 from .feature_maps import FeatureMap, register_feature_map
-from .functional import acc
+from .functional import acc, check_scale, logit_scale
 from .linear import LinearAttention
 from .registry import register_attention
-from .softmax import check_scale, logit_scale
 
 __all__ = ["orthogonal_gaussian", "performer_features", "PerformerFeatureMap", "PerformerAttention",
            "refuse_feature_map"]

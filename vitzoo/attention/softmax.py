@@ -9,29 +9,7 @@ from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
 
-__all__ = ["SoftmaxAttention", "SCALE_MODES", "logit_scale"]
-
-SCALE_MODES = ("sqrt_d", "log_n")
-
-
-def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[int]) -> float:
-    """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``)."""
-    if mode == "sqrt_d":
-        return head_dim ** -0.5
-    return AF.entropy_scale(head_dim, num_keys, train_keys)
-
-
-def check_scale(mode: str, train_keys: Optional[int]) -> None:
-    """Validate a ``scale`` option at build time."""
-    if mode not in SCALE_MODES:
-        raise ValueError(f"unknown scale={mode!r}; choose one of {list(SCALE_MODES)}")
-    if mode == "log_n" and not train_keys:
-        raise ValueError("scale='log_n' needs the training token count: build it inside a vitzoo model "
-                         "or set train_tokens=<tokens at training resolution>")
-    if mode == "log_n" and train_keys < 2:
-        raise ValueError(f"scale='log_n' needs at least 2 tokens at training, got {train_keys} (log 1 = 0 sets no "
-                         "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)")
-
+__all__ = ["SoftmaxAttention"]
 
 @register_attention("softmax")
 class SoftmaxAttention(ZooAttention):
@@ -42,7 +20,7 @@ class SoftmaxAttention(ZooAttention):
         super().__init__(dim, num_heads, *args, **kwargs)
         self.scale_mode = scale
         self.train_tokens = train_tokens or self.num_tokens
-        check_scale(scale, self.train_tokens)
+        AF.check_scale(scale, self.train_tokens)
         self.fused = fused
 
     @property
@@ -50,7 +28,7 @@ class SoftmaxAttention(ZooAttention):
         return self.scale_mode == "log_n"
 
     def logit_scale(self, num_keys: int) -> float:
-        return logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
+        return AF.logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
 
     def scaled_queries(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]):
         """(q, scale) for the logits. The log-n scale counts the keys each query attends (docs/mechanisms.md section 1): under a mask that differs by query, so it is folded into q's rows (scale 1)."""
@@ -64,7 +42,7 @@ class SoftmaxAttention(ZooAttention):
             attn_mask = AF.causal_mask(q, k, attn_mask)
         q, scale = self.scaled_queries(q, k, attn_mask)
         return AF.softmax_attention(q, k, v, scale=scale, logit_noise=logit_noise, attn_mask=attn_mask,
-                                    fused=self.fused, dropout_p=self.attn_drop.p if self.training else 0.0)
+                                    fused=self.fused, dropout_p=self.dropout_p)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         if is_causal:

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
-from .softmax import check_scale, logit_scale
 
 __all__ = [
     "Layout", "resample_tokens", "GridModule", "GridBoundAttention", "DenseLogits", "FactorizedDenseLogits", "RandomLogits", "FactorizedRandomLogits",
@@ -247,7 +246,7 @@ class DotProductLogits(nn.Module):
 
     def __init__(self, head_dim: int, scale: str = "sqrt_d", train_tokens: Optional[int] = None):
         super().__init__()
-        check_scale(scale, train_tokens)
+        AF.check_scale(scale, train_tokens)
         self.head_dim, self.scale, self.train_tokens = head_dim, scale, train_tokens
 
     @property
@@ -255,7 +254,7 @@ class DotProductLogits(nn.Module):
         return self.scale == "log_n"
 
     def forward(self, x, q, k, layout) -> torch.Tensor:
-        s = logit_scale(self.scale, self.head_dim, k.shape[-2], self.train_tokens)
+        s = AF.logit_scale(self.scale, self.head_dim, k.shape[-2], self.train_tokens)
         return (AF.acc(q) * s) @ AF.acc(k).transpose(-2, -1)
 
     def extra_repr(self) -> str:
@@ -397,7 +396,7 @@ class SynthMixAttention(SynthesizerAttention):
         super().__init__(dim, num_heads, *args, **kwargs)
         dd, heads, layout = _dd(kwargs), self.num_heads, self.built_layout
         train_tokens = train_tokens or layout.tokens
-        check_scale(scale, train_tokens)
+        AF.check_scale(scale, train_tokens)
         build = {
             "dense": lambda: DenseLogits(dim, heads, layout, hidden, **dd),
             "random": lambda: RandomLogits(heads, layout, trainable, **dd),

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
-from .softmax import check_scale
 
 __all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs"]
 
@@ -126,6 +125,9 @@ class WindowAttention(ZooAttention):
     each query attends (window keys + prefix); its reference is a full window at the build grid.
     """
 
+    no_mask = no_causal = ("its mask is the window partition; use attention='softmax' for masked or causal "
+                           "inputs")
+
     def __init__(self, dim: int, num_heads: int = 8, *args, window_size: int = 7, shift: bool = True,
                  scale: str = "sqrt_d", **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -138,7 +140,7 @@ class WindowAttention(ZooAttention):
         self.train_keys = None
         if scale == "log_n":
             self.train_keys = self.num_prefix_tokens + math.prod(window_layout(self.grid_size, self.window_size).size)
-        check_scale(scale, self.train_keys)
+        AF.check_scale(scale, self.train_keys)
 
     @property
     def shifted(self) -> bool:
@@ -150,19 +152,11 @@ class WindowAttention(ZooAttention):
                     num_prefix=self.num_prefix_tokens, train_keys=self.train_keys)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        _no_mask(attn_mask, is_causal)
-        return window_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.attn_drop.p if self.training else 0.0,
+        return window_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p,
                                 **self._options(q.shape[-2]))
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        _no_mask(attn_mask, is_causal)
         return window_probs(q, k, query_index=query_index, **self._options(q.shape[-2]))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", window_size={self.window_size}, shift={self.shift}, scale={self.scale_mode}"
-
-
-def _no_mask(attn_mask, is_causal) -> None:
-    if attn_mask is not None or is_causal:
-        raise ValueError("window attention takes no attn_mask or is_causal (its mask is the window partition); "
-                         "use attention='softmax' for masked or causal inputs")
