@@ -38,8 +38,8 @@ def _check(corruption: str, severity: int) -> None:
 def _layout(root: Path) -> str:
     """"cifar" (npy files), "imagenet" (folders) or a FileNotFoundError that says what was expected."""
     if not root.is_dir():
-        raise FileNotFoundError(f"robustness.root {root} is not a folder; pass the folder of CIFAR-10-C / "
-                                "CIFAR-100-C (<corruption>.npy, labels.npy) or of ImageNet-C (<corruption>/<severity>/)")
+        raise FileNotFoundError(f"robustness.root {root} is not a folder; pass the folder of CIFAR-10-C / CIFAR-100-C "
+                                "(<corruption>.npy, labels.npy) or of ImageNet-C (<corruption>/<severity>/)")
     if (root / "labels.npy").is_file():
         return "cifar"
     if any((root / name).is_dir() for name in CORRUPTIONS):

@@ -26,11 +26,12 @@ FROST_INSTALL = "pip install --no-deps imagecorruptions==1.1.2"
 Uniform = Callable[[Sequence[int], float, float], Tensor]
 
 
-def plasma_fractal(batch: int, mapsize: int, decay: float, draw: Uniform) -> Tensor:
+def plasma_fractal(batch: int, mapsize: int, decay: float, draw: Uniform,
+                   device: Optional[torch.device] = None) -> Tensor:
     """The reference's diamond-square height map, (batch, mapsize, mapsize) float64 in [0, 1].
 
     ``draw(shape, low, high)`` supplies the uniform draws, in the reference's order."""
-    m = torch.zeros(batch, mapsize, mapsize, dtype=torch.float64)
+    m = torch.zeros(batch, mapsize, mapsize, dtype=torch.float64, device=device)
     step, wibble = mapsize, 100.0
 
     def wibbled_mean(a: Tensor) -> Tensor:
@@ -62,7 +63,7 @@ def fog(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tensor:
     amount, decay = c
     b, _, h, w = x.shape
     draw = lambda shape, low, high: uniform(shape, x, generator, low, high, torch.float64)  # noqa: E731
-    plasma = plasma_fractal(b, next_power_of_2(max(h, w)), decay, draw)[:, None, :h, :w].to(x)
+    plasma = plasma_fractal(b, next_power_of_2(max(h, w)), decay, draw, x.device)[:, None, :h, :w].to(x)
     peak = x.amax(dim=(1, 2, 3), keepdim=True)
     return (x + amount * plasma) * peak / (peak + amount)
 
