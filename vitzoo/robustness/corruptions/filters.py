@@ -53,7 +53,8 @@ def _filter_matrix(weights: Tensor, n: int, border: str, like: Tensor) -> Tensor
 
 def _correlate_1d(x: Tensor, weights: Tensor, border: str, dim: int) -> Tensor:
     """Correlate along ``dim`` (-2 or -1): border padding by index, then a conv."""
-    y = x.index_select(dim, padded_index(x.shape[dim], len(weights) // 2, border, x.device))
+    idx = padded_index(x.shape[dim], len(weights) // 2, border, x.device)
+    y = x[..., idx, :] if dim == -2 else x[..., idx]  # indexing: index_select is slow on CPU along these dims
     k = weights.to(x).view(1, 1, -1, 1) if dim == -2 else weights.to(x).view(1, 1, 1, -1)
     return F.conv2d(y.reshape(-1, 1, *y.shape[-2:]), k).reshape(x.shape)
 
