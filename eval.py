@@ -1,23 +1,25 @@
 """Evaluate checkpoints: ``python eval.py ckpt_path=<run dir>/checkpoints/last.ckpt`` (several: a list or a
-mapping) -> clean accuracy, input corruptions, attention-logit noise and resolution sweeps (see README)."""
+mapping) -> clean accuracy, input corruptions, attention-logit noise and resolution sweeps (docs/robustness.md)."""
 import hydra
 from omegaconf import DictConfig
 
-from launch import launch
+from launch import check_paths, launch, refused_start_leaves_nothing
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    from vitzoo.robustness.run import evaluate_checkpoints  # torch, timm, Lightning: after the command line is parsed
-    from vitzoo.training import user_errors
-    from vitzoo.training.allocator import retain_freed_memory
-    from vitzoo.training.threads import size_thread_pools
+    with refused_start_leaves_nothing(cfg):
+        check_paths(cfg, files=["ckpt_path"])
+        from vitzoo.robustness.run import evaluate_checkpoints  # torch, timm, Lightning: after the cheap checks
+        from vitzoo.training import user_errors
+        from vitzoo.training.allocator import retain_freed_memory
+        from vitzoo.training.threads import size_thread_pools
 
-    size_thread_pools()
-    if cfg.retain_freed_memory:
-        retain_freed_memory()
-    with user_errors():
-        evaluate_checkpoints(cfg)  # logs its results table and the paths of its files (console and eval.log)
+        size_thread_pools()
+        if cfg.retain_freed_memory:
+            retain_freed_memory()
+        with user_errors():
+            evaluate_checkpoints(cfg)  # logs its results table and the paths of its files (console and eval.log)
 
 
 if __name__ == "__main__":

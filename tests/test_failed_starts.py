@@ -43,6 +43,8 @@ def _refused(proc, fix: str) -> None:
     ("train.py", ["ckpt_path=no/such/last.ckpt"], "pass a checkpoint file"),
     ("predict.py", ["ckpt_path=seg.ckpt", "input=empty", "output=out"], "holds no files"),
     ("predict.py", ["ckpt_path=seg.ckpt", "input=no/such/images", "output=out"], "does not exist"),
+    ("eval.py", ["ckpt_path=[seg.ckpt,no/such/last.ckpt]"], "no/such/last.ckpt' does not exist"),
+    ("eval.py", ["ckpt_path=seg.ckpt", "data=imagefolder", "data.root=no/such/folder"], "data.root="),
 ])
 def test_a_check_that_needs_no_model_answers_before_torch_and_leaves_nothing(tmp_path, script, args, fix):
     (tmp_path / "empty").mkdir()
