@@ -1,8 +1,9 @@
 """Leaving eager PyTorch: exporters and compilers carry the same model, for every registered mechanism.
 
 Each mechanism in both backbones (a one-block ViT and the non-local ResNet with small channels, its
-non-local blocks switched on) goes through both ONNX exporters (run in onnxruntime), torch.export and
-torch.compile(fullgraph=True, backend="eager"); logits must match eager PyTorch within 1e-4.
+non-local blocks switched on) goes through both ONNX exporters (run in onnxruntime, at the built size and
+at another), torch.export and torch.compile(fullgraph=True, backend="eager"); logits must match eager
+PyTorch within 1e-4.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 import torch
 
 import vitzoo
+from vitzoo.attention import attention_options, resolve_attention
+from vitzoo.export import export_model
+from vitzoo.export.onnx import export_onnx
 from vitzoo.models.nonlocal_resnet import NonLocalBlock
 
 ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras (pip install -e '.[test]')")
@@ -74,16 +78,38 @@ def assert_logits(got, expected):
     assert err < ATOL, f"max abs logit error {err:.2e} >= {ATOL}"
 
 
+SIZES = {"built": (32, 32), "other": (32, 48)}  # build() makes 32 x 32 models; "other" reshapes the token grid
+
+
+def deploy_spec(attention, size: str) -> dict:
+    """``attention`` as a user exports it at ``size``: ``interpolate: true`` off the built size, where it is an option."""
+    spec = {"name": attention} if isinstance(attention, str) else dict(attention)
+    if size != "built" and "interpolate" in attention_options(resolve_attention(spec)[0]):
+        spec["interpolate"] = True
+    return spec
+
+
+def onnx_case(attention, backbone: str, dynamo: bool, size: str):
+    """One row of the ONNX matrix. Unmarked (the fast run): the legacy exporter at the other size, where grids are
+    resampled; the dynamo exporter (several seconds a model) and the built size are marked slow (the dynamo exporter
+    at both sizes is in the fast run through export_onnx)."""
+    fast = not dynamo and size != "built"
+    return pytest.param(attention, backbone, dynamo, size, marks=() if fast else pytest.mark.slow,
+                        id=f"{spec_id(attention)}-{backbone}-{'dynamo' if dynamo else 'legacy'}-{size}")
+
+
 # hedgehog's layer is linear attention's in both backbones: its map is exported once, in the ViT
-ONNX_CASES = [(attention, backbone, dynamo) for attention in vitzoo.list_attentions() for backbone in BACKBONES
-              for dynamo in (False, True)] + [(HEDGEHOG, "vit", dynamo) for dynamo in (False, True)]
+ONNX_CASES = [onnx_case(attention, backbone, dynamo, size) for attention in vitzoo.list_attentions()
+              for backbone in BACKBONES for dynamo in (False, True) for size in SIZES] + \
+    [onnx_case(HEDGEHOG, "vit", dynamo, size) for dynamo in (False, True) for size in SIZES]
 
 
-@pytest.mark.parametrize("attention, backbone, dynamo", ONNX_CASES,
-                         ids=[f"{spec_id(a)}-{b}-{'dynamo' if d else 'legacy'}" for a, b, d in ONNX_CASES])
-def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo):
-    """Both exporters; the model runs in onnxruntime at another batch size than it was exported with."""
-    model, x, other = build(backbone, attention), inputs(2), inputs(3)
+@pytest.mark.parametrize("attention, backbone, dynamo, size", ONNX_CASES)
+def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo, size):
+    """Both exporters, at the built size and another; the model runs in onnxruntime at another batch size than it
+    was exported with."""
+    model = build(backbone, deploy_spec(attention, size))
+    x, other = inputs(2, SIZES[size]), inputs(3, SIZES[size])
     with torch.no_grad():
         assert_logits(onnx_logits(model, x, dynamo, run_on=other), model(other))
 
@@ -130,19 +156,78 @@ def test_torchscript_is_refused_with_one_clear_error():
         torch.jit.script(build("vit", "linear"))
 
 
-def test_export_onnx_writes_model_onnx_next_to_the_hub_export(tmp_path):
-    """vitzoo.export.onnx (python -m vitzoo.export ... --onnx): dynamic batch, the export's image size."""
-    from vitzoo.export import export_model
-    from vitzoo.export.onnx import export_onnx
+# the fused linear op (recorded as its formula) and a grid-bound mixture, resampled at the other size
+# (the built size of synth_mix is in the slow run: resampling at the other size is the harder case)
+ENTRY_CASES = [("linear", "vit", "built")] + [
+    pytest.param("synth_mix", backbone, size, marks=pytest.mark.slow if size == "built" else (),
+                 id=f"synth_mix-{backbone}-{size}") for backbone in BACKBONES for size in SIZES]
 
-    model = build("vit", "linear")
+
+@pytest.mark.parametrize("attention, backbone, size", ENTRY_CASES)
+def test_export_onnx_writes_model_onnx_next_to_the_hub_export(attention, backbone, size, tmp_path):
+    """vitzoo.export.onnx (python -m vitzoo.export ... --onnx): dynamic batch, the export's image size or another."""
+    model = build(backbone, deploy_spec(attention, size))
     export_model(model, tmp_path, data_config={"input_size": (3, 32, 32)})
-    path = export_onnx(tmp_path)
+    path = export_onnx(tmp_path, img_size=None if size == "built" else SIZES[size])
     assert path == tmp_path / "model.onnx"
-    x = inputs(3)
+    x = inputs(3, SIZES[size])
     got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"images": x.numpy()})[0])
     with torch.no_grad():
         assert_logits(got, model(x))
+
+
+def test_export_onnx_at_a_size_the_model_refuses_is_its_one_line_error(tmp_path):
+    model = build("resnet", {"name": "synth_random", "interpolate": False})
+    export_model(model, tmp_path, data_config={"input_size": (3, 32, 32)})
+    with pytest.raises(ValueError, match=r"^SynthRandomAttention was built for 256 tokens .*set interpolate: true"):
+        export_onnx(tmp_path, img_size=SIZES["other"])
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def _negative_transpose(model, args, f, **kwargs):
+    """An invalid file: Transpose with a negative perm entry, what the TorchScript exporter can write."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Transpose", ["images"], ["output"], perm=[0, -1, 1, 2])], "bad",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 32, 3, 32])])
+    onnx.save(helper.make_model(graph), f)
+
+
+_EXPORT = torch.onnx.export  # the real exporter, under the tests that replace it
+
+
+def _legacy_export(model, args, f, batch_axis: bool):
+    _EXPORT(model, args, f, dynamo=False, input_names=["images"], output_names=["output"],
+            dynamic_axes={"images": {0: "batch"}} if batch_axis else None)
+
+
+def _fixed_batch(model, args, f, **kwargs):
+    """A valid file that only takes the export's batch size."""
+    _legacy_export(model, args, f, batch_axis=False)
+
+
+def _other_function(model, args, f, **kwargs):
+    """A valid file of another function (the same network with linear attention)."""
+    _legacy_export(build("vit", "linear"), args, f, batch_axis=True)
+
+
+BAD_FILES = {"invalid": (_negative_transpose, r"is not a valid ONNX model \(.*Invalid attribute perm"),
+             "fixed_batch": (_fixed_batch, "does not run in onnxruntime"),
+             "other_function": (_other_function, "differs from eager PyTorch by")}
+
+
+@pytest.mark.parametrize("write, message", BAD_FILES.values(), ids=BAD_FILES)
+def test_export_onnx_removes_a_wrong_file_with_one_line(write, message, tmp_path, monkeypatch):
+    """Whatever the exporter writes is checked: a file ONNX or onnxruntime refuses, or one that computes something
+    else, is removed and reported in one line."""
+    export_model(build("vit", "softmax"), tmp_path, data_config={"input_size": (3, 32, 32)})
+    monkeypatch.setattr(torch.onnx, "export", write)
+    with pytest.raises(ValueError, match=message) as err:
+        export_onnx(tmp_path)
+    assert "\n" not in str(err.value) and "nothing was written" in str(err.value)
+    assert not (tmp_path / "model.onnx").exists()
 
 
 FX_NODES = {"vit": ("blocks.1", "head"), "resnet": ("layer3", "fc")}  # (a feature after attention, the logits)
