@@ -11,9 +11,8 @@ def main(cfg: DictConfig) -> None:
     with refused_start_leaves_nothing(cfg):
         check_paths(cfg, files=["ckpt_path"])
         from vitzoo.robustness.run import evaluate_checkpoints  # torch, timm, Lightning: after the cheap checks
-        from vitzoo.training import user_errors
-        from vitzoo.training.allocator import retain_freed_memory
-        from vitzoo.training.threads import size_thread_pools
+        from vitzoo.runtime import retain_freed_memory, size_thread_pools
+        from vitzoo.utils import user_errors
 
         size_thread_pools()
         if cfg.retain_freed_memory:

@@ -12,7 +12,7 @@ def main(cfg: DictConfig) -> None:
         check_paths(cfg, files=["ckpt_path"], inputs=["input", *(["masks"] if cfg.get("masks") else [])])
         from vitzoo.segmentation import format_scores  # torch, timm: after the cheap checks
         from vitzoo.segmentation.predict import predict
-        from vitzoo.training import user_errors
+        from vitzoo.utils import user_errors
 
         with user_errors():
             summary = predict(cfg)

@@ -11,7 +11,8 @@ from launch import check_paths, launch, refused_start_leaves_nothing
 def main(cfg: DictConfig) -> Optional[float]:
     with refused_start_leaves_nothing(cfg):
         check_paths(cfg, files=["ckpt_path"] if cfg.get("ckpt_path") else [])
-        from vitzoo.training import train, user_errors  # torch, timm, Lightning: after the cheap checks
+        from vitzoo.training import train  # torch, timm, Lightning: after the cheap checks
+        from vitzoo.utils import user_errors
 
         with user_errors():
             metrics = train(cfg)

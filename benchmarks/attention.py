@@ -55,7 +55,7 @@ from vitzoo.attention.nystrom import nystrom_attention
 from vitzoo.attention.performer import PerformerFeatureMap
 from vitzoo.attention.window import window_attention
 from vitzoo.kernels import fused_linear_attention
-from vitzoo.training.allocator import retain_freed_memory
+from vitzoo.runtime import retain_freed_memory
 
 MODES = ("fwd", "fwd+bwd")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -69,8 +69,9 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path) -> None:
     from hydra import compose, initialize_config_dir
 
     from vitzoo.training.evaluate import evaluate
-    from vitzoo.training.run import build_classifier, instantiate_config
-    from vitzoo.training.threads import size_thread_pools
+    from vitzoo.runtime import size_thread_pools
+    from vitzoo.training.run import build_classifier
+    from vitzoo.utils import instantiate_config
 
     size_thread_pools()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):

@@ -13,7 +13,7 @@ BLOCK_PAGES = (64 << 20) // 4096
 # (the heap settles within the first rounds, not always in the first: six are left for it).
 FAULTS = """
 import resource, sys, torch
-from vitzoo.training.allocator import retain_freed_memory
+from vitzoo.runtime import retain_freed_memory
 took = retain_freed_memory() if sys.argv[1] == "retain" else None
 faults = []
 for _ in range(16):

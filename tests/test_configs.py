@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 import vitzoo
 from conftest import CONFIGS, FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config
 from vitzoo.attention import ZooAttention
-from vitzoo.training import build_classifier, train, user_errors
+from vitzoo.training import build_classifier, train
+from vitzoo.utils import user_errors
 
 PRESETS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
 

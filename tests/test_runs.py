@@ -101,7 +101,7 @@ _PINNED = textwrap.dedent("""
     logging.basicConfig(stream=sys.stdout, format="%(message)s")
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # torch is loaded: its pool was sized before this
     from vitzoo.data import SyntheticDataModule
-    from vitzoo.training.threads import size_thread_pools
+    from vitzoo.runtime import size_thread_pools
     print("threads", size_thread_pools(), torch.get_num_threads())
     print("workers", *(SyntheticDataModule(num_workers=n).num_workers for n in ("auto", 4)))
 """)

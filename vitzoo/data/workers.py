@@ -1,37 +1,14 @@
-"""How many CPUs this process may use, and DataLoader worker counts sized from them."""
+"""DataLoader worker counts sized from the CPUs this process may use (:func:`vitzoo.runtime.usable_cpus`)."""
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
-__all__ = ["usable_cpus", "resolve_num_workers"]
+from vitzoo.runtime import usable_cpus
+
+__all__ = ["resolve_num_workers"]
 
 log = logging.getLogger(__name__)
-
-
-def _cgroup_cpu_limit() -> Optional[float]:
-    """CPUs allowed by a cgroup v2 quota (``cpu.max``), or None when unlimited or unknown."""
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return int(quota) / int(period)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota; at least 1."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        count = os.cpu_count() or 1
-    limit = _cgroup_cpu_limit()
-    if limit is not None:
-        count = min(count, max(1, int(limit)))
-    return max(1, count)
 
 
 def resolve_num_workers(value: Union[int, str, None]) -> int:

@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from vitzoo.training import write_json
+from vitzoo.utils import write_json
 
 from .corruptions import CORRUPTIONS
 from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION

@@ -15,7 +15,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Subset
 
-from vitzoo.training import instantiate_config, load_classifier, run_record, write_json
+from vitzoo.training import load_classifier, run_record
+from vitzoo.utils import instantiate_config, write_json
 
 from .closing import file_lines, results_table
 from .plots import plot_results

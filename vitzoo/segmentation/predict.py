@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from vitzoo.training import read_checkpoint, write_json
+from vitzoo.training import read_checkpoint
 from vitzoo.training.console import quiet_lightning
+from vitzoo.utils import write_json
 
 from .files import Sample, expand_pages, list_images, mask_stem, pair_samples
 from .inference import sliding_window_probs

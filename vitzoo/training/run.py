@@ -1,60 +1,31 @@
-"""What train.py calls: compose objects from a Hydra config, fit, write metrics.json (and helpers eval.py shares)."""
+"""What train.py calls: compose objects from a Hydra config, fit, write metrics.json."""
 from __future__ import annotations
 
 import json
 import logging
-import math
-import os
-import sys
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import lightning as L
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+
+from vitzoo.runtime import size_thread_pools
+from vitzoo.utils import instantiate_config, write_json
 
 from .callbacks import AttentionEntropy
 from .console import quiet_lightning
 from .evaluate import read_checkpoint, run_record
 from .module import ImageClassifier
 from .progress import closing_summary, console_is_terminal, opening_line
-from .threads import size_thread_pools
 from .transfer import AttentionTransfer, initialise
 
-__all__ = ["train", "build_classifier", "user_errors", "instantiate_config", "write_json"]
+__all__ = ["train", "build_classifier"]
 
-USER_ERRORS = (ValueError, FileNotFoundError)
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Print a configuration / data error as one line on stderr and exit 1 (traceback with VITZOO_TRACEBACK=1)."""
-    try:
-        yield
-    except (*USER_ERRORS, MissingMandatoryValue) as err:
-        if os.environ.get("VITZOO_TRACEBACK"):
-            raise
-        if isinstance(err, MissingMandatoryValue):
-            err = f"{err.full_key} is required (??? in the config); pass {err.full_key}=... on the command line"
-        sys.exit(f"error: {err}")
-
-
-def instantiate_config(node: DictConfig, **kwargs) -> Any:
-    """hydra's instantiate, re-raising a user error from the target's constructor as itself."""
-    try:
-        return instantiate(node, **kwargs)
-    except InstantiationException as err:
-        if isinstance(err.__cause__, USER_ERRORS):
-            raise err.__cause__ from None
-        raise
 
 
 def _instantiate_all(group: Optional[DictConfig]) -> List[Any]:
@@ -78,24 +49,6 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
     if not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
         initialise(module, model.get("init_from"))
     return module
-
-
-def _strict(value: Any) -> Any:
-    """``value`` with NaN / inf floats as None (strict JSON has no literal for them: a diverged loss)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(item) for item in value]
-    return value
-
-
-def write_json(path: Path, metrics: Dict[str, Any]) -> None:
-    """``metrics`` as indented, key-sorted strict JSON at ``path`` (parent folders created; paths as
-    strings, NaN / inf as null)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_strict(metrics), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
