@@ -109,13 +109,31 @@ def test_linear_module_causal_flag_and_option_agree_with_reference(name):
     torch.testing.assert_close(by_option(x).double(), expected, **TOL)
 
 
-def test_kernel_mechanisms_refuse_masks_naming_softmax():
-    x = tokens()
-    for name in ("linear", "efficient"):
-        with pytest.raises(ValueError, match="softmax"):
-            build(standalone(name))(x, attn_mask=torch.ones(16, 16, dtype=torch.bool))
-    with pytest.raises(ValueError, match="causal"):
-        build("efficient")(x, is_causal=True)
+# What each mechanism has no form for (attn_mask, is_causal); a new mechanism must say here.
+REFUSES = {"softmax": (), "linear": ("attn_mask",), "taylor": ("attn_mask",), "performer": ("attn_mask",),
+           "efficient": ("attn_mask", "is_causal"), "hydra": ("attn_mask", "is_causal"),
+           "focused_linear": ("attn_mask", "is_causal"), "agent": ("attn_mask", "is_causal"),
+           "linformer": ("attn_mask", "is_causal"), "nystrom": ("attn_mask", "is_causal"),
+           "window": ("attn_mask", "is_causal"), "synth_random": (), "synth_factorized_random": (),
+           "synth_dense": (), "synth_factorized_dense": (), "synth_mix": ()}
+
+
+@pytest.mark.parametrize("name", vitzoo.list_attentions())
+def test_a_mask_or_causal_call_runs_or_is_one_line_naming_the_fix(name):
+    """Every mechanism takes attn_mask and is_causal, or refuses each in one line saying why and what to use;
+    none ignores one silently."""
+    assert name in REFUSES, f"say in REFUSES what {name} has no form for"
+    layer = vitzoo.create_model("vit_cifar", attention=name, img_size=16, patch_size=4, depth=1, embed_dim=16,
+                                num_heads=2, num_classes=3).blocks[0].attn
+    x = torch.randn(1, 17, 16)
+    for option, call in (("attn_mask", dict(attn_mask=torch.ones(17, 17, dtype=torch.bool))),
+                         ("is_causal", dict(is_causal=True))):
+        if option in REFUSES[name]:
+            with pytest.raises(ValueError, match=f"takes no {option}: .*use attention=") as err:
+                layer(x, **call)
+            assert len(str(err.value).splitlines()) == 1
+        else:
+            assert torch.isfinite(layer(x, **call)).all()
 
 
 # -- the log-n scale -----------------------------------------------------------------------------------

@@ -106,15 +106,6 @@ def test_bad_options_are_one_line_naming_the_fix(option, fix):
     assert_one_line_error({"name": "agent", **option}, fix, DIM, HEADS, grid)
 
 
-def test_masks_are_refused():
-    m = build({})
-    x = torch.randn(1, N, DIM, dtype=torch.float64)
-    with pytest.raises(ValueError, match="attention='softmax'"):
-        m(x, attn_mask=torch.ones(N, N, dtype=torch.bool))
-    with pytest.raises(ValueError, match="is_causal"):
-        m(x, is_causal=True)
-
-
 def test_double_resolution_in_both_backbones():
     torch.manual_seed(0)
     vit = vitzoo.create_model("vit_tiny", attention="agent", img_size=32, patch_size=8, embed_dim=32, depth=2,

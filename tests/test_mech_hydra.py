@@ -95,13 +95,5 @@ def test_bad_options_are_one_line_naming_the_fix(spec, kwargs, fix):
     assert_one_line_error(spec, fix, 16, 2, **kwargs)
 
 
-def test_masks_and_causal_calls_are_refused():
-    attn, x = build("hydra"), torch.randn(1, 16, 16)
-    with pytest.raises(ValueError, match="softmax"):
-        attn(x, attn_mask=torch.ones(16, 16, dtype=torch.bool))
-    with pytest.raises(ValueError, match="causal: true"):
-        attn(x, is_causal=True)
-
-
 def test_at_twice_the_resolution_in_both_backbones():
     check_double_resolution("hydra", lambda layer, q, k, v: hydra_ref(q, k, v))

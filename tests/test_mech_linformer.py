@@ -127,9 +127,3 @@ def test_errors_name_the_fix():
         build(scale="log_n")
     with pytest.raises(ValueError, match="num_tokens"):
         build_attention("linformer", DIM, num_heads=HEADS)
-    m = build()
-    x = torch.randn(1, N, DIM, dtype=torch.float64)
-    with pytest.raises(ValueError, match="takes no is_causal: .*attention='softmax'"):
-        m(x, is_causal=True)
-    with pytest.raises(ValueError, match="takes no attn_mask: "):
-        m(x, attn_mask=torch.ones(N, N, dtype=torch.bool))

@@ -162,9 +162,3 @@ def test_errors_name_the_fix():
         build_attention("nystrom", DIM, num_heads=HEADS, attn_drop=0.1)
     with pytest.raises(ValueError, match="train_tokens"):
         build(scale="log_n")
-    m = build(num_landmarks=4)
-    x = torch.randn(1, N, DIM, dtype=torch.float64)
-    with pytest.raises(ValueError, match="takes no is_causal: .*attention='softmax'"):
-        m(x, is_causal=True)
-    with pytest.raises(ValueError, match="takes no attn_mask: "):
-        m(x, attn_mask=torch.ones(N, N, dtype=torch.bool))

@@ -112,14 +112,6 @@ def test_bad_options_are_one_line_naming_the_fix(option, fix):
     assert_one_line_error({"name": "window", **option}, fix, DIM, HEADS, grid)
 
 
-def test_masks_are_refused():
-    m, x = build({}), tokens(batch=1)
-    with pytest.raises(ValueError, match="attention='softmax'"):
-        m(x, attn_mask=torch.ones(x.shape[1], x.shape[1], dtype=torch.bool))
-    with pytest.raises(ValueError, match="is_causal"):
-        m(x, is_causal=True)
-
-
 def test_double_resolution_in_both_backbones():
     """vit: 4x4 grid at 32 px, 8x8 at 64 px; 3x3 windows, block 1 shifted (windows 1, 3, 3, 1 per axis)."""
     torch.manual_seed(0)

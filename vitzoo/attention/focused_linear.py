@@ -54,6 +54,8 @@ class FocusedLinearAttention(LinearAttention):
     Focused features make phi(q).phi(k) small (row sums of 1e-3 are common), so ``eps`` defaults to 1e-8.
     """
 
+    no_causal = "its conv sees both sides; drop causal, or use attention='linear' with causal: true"
+
     def __init__(self, dim: int, num_heads: int = 8, *args, power: float = 3.0, kernel_size: int = 5,
                  eps: float = 1e-8, **kwargs):
         refuse_feature_map("focused_linear", kwargs)
@@ -63,8 +65,6 @@ class FocusedLinearAttention(LinearAttention):
             raise ValueError(NO_CAUSAL)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        if is_causal:
-            raise ValueError(NO_CAUSAL)
         out = super().mix(x, q, k, v, attn_mask, is_causal, logit_noise)
         if self.dwc is None:
             return out
