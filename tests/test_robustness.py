@@ -316,14 +316,15 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     assert said[header + 3].startswith("corruptions: mean = ") and "of the baseline softmax's" in said[header + 3]
     assert "360 images per pass" in said[header - 2] and "Digits val split" in said[header - 2]
 
-    paths = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in said[header + 3:] if ": /" in line}
-    assert paths["run directory"] == str(run.resolve()) and said[-1].startswith("run directory: ")
-    files = [p for key in ("results", "plots", "log") for p in paths[key].split(", ")]
-    assert sorted(Path(p).name for p in files) == sorted(["robustness.json", "robustness.csv", "metrics.json",
-                                                          "corruptions.png", "logit_noise.png", "resolution.png",
-                                                          "eval.log"])
-    assert all(Path(p).is_file() and Path(p).parent == run.resolve() for p in files)
-    assert paths["tensorboard"].startswith(str(run.resolve() / "tensorboard"))
+    start = said.index(f"run directory: {run.resolve()}")  # then the files, relative to it
+    paths = dict(line.strip().split(": ", 1) for line in said[start + 1:])
+    assert list(paths) == ["results", "plots", "tensorboard", "log"] and said[start - 1].startswith("input size: ")
+    files = [name for key in ("results", "plots", "log") for name in paths[key].split(", ")]
+    assert sorted(files) == sorted(["robustness.json", "robustness.csv", "metrics.json", "corruptions.png",
+                                    "logit_noise.png", "resolution.png", "eval.log"])
+    assert all((run / name).is_file() for name in files)
+    assert paths["tensorboard"] == f"tensorboard (tensorboard --logdir {run.resolve() / 'tensorboard'})"
+    assert (run / "tensorboard" / "softmax").is_dir()
 
     logged = (run / "eval.log").read_text().splitlines()
     assert [line.split("] ", 1)[1] for line in logged] == said  # the log holds every line the console showed

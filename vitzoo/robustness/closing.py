@@ -85,13 +85,20 @@ def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: O
 
 
 def file_lines(out_dir: Path, results: Sequence[Path], plots: Sequence[Path], tensorboard: Optional[Path]) -> List[str]:
-    """Where the files went, as absolute paths: results, plots, TensorBoard, the log, then the run directory."""
+    """Where the files went: the run directory (absolute), then results, plots, TensorBoard and the log (relative
+    to it; absolute when elsewhere)."""
+    run = out_dir.resolve()
+
+    def show(paths: Sequence[Path]) -> str:
+        return ", ".join(str(p.resolve().relative_to(run)) if p.resolve().is_relative_to(run) else str(p.resolve())
+                         for p in paths)
+
     logs = [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    lines = [f"results: {', '.join(str(p.resolve()) for p in results)}"]
+    lines = [f"run directory: {run}", f"  results: {show(results)}"]
     if plots:
-        lines.append(f"plots: {', '.join(str(p.resolve()) for p in plots)}")
+        lines.append(f"  plots: {show(plots)}")
     if tensorboard is not None:
-        lines.append(f"tensorboard: {tensorboard.resolve()} (tensorboard --logdir {tensorboard.resolve()})")
+        lines.append(f"  tensorboard: {show([tensorboard])} (tensorboard --logdir {tensorboard.resolve()})")
     if logs:
-        lines.append(f"log: {', '.join(str(p.resolve()) for p in logs)}")
-    return [*lines, f"run directory: {out_dir.resolve()}"]
+        lines.append(f"  log: {show(logs)}")
+    return lines
