@@ -23,10 +23,11 @@ class CIFAR10DataModule(ImageDataModule):
     dataset_cls = CIFAR10
     folder = "cifar-10-batches-py"
     archive = "cifar-10-python.tar.gz"
+    statistics = (CIFAR10_MEAN, CIFAR10_STD)  # the training split's channel mean and std, the default mean/std
 
-    def __init__(self, root: str = "data", download: bool = True, img_size: int = 32,
-                 mean=CIFAR10_MEAN, std=CIFAR10_STD, **kwargs):
-        super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)
+    def __init__(self, root: str = "data", download: bool = True, img_size: int = 32, mean=None, std=None, **kwargs):
+        super().__init__(img_size=img_size, mean=self.statistics[0] if mean is None else mean,
+                         std=self.statistics[1] if std is None else std, **kwargs)
         self.root, self.download = os.fspath(root), download
 
     def _missing(self, reason: str) -> FileNotFoundError:
@@ -60,7 +61,4 @@ class CIFAR100DataModule(CIFAR10DataModule):
     dataset_cls = CIFAR100
     folder = "cifar-100-python"
     archive = "cifar-100-python.tar.gz"
-
-    def __init__(self, root: str = "data", download: bool = True, img_size: int = 32,
-                 mean=CIFAR100_MEAN, std=CIFAR100_STD, **kwargs):
-        super().__init__(root=root, download=download, img_size=img_size, mean=mean, std=std, **kwargs)
+    statistics = (CIFAR100_MEAN, CIFAR100_STD)
