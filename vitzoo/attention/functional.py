@@ -29,12 +29,16 @@ __all__ = [
     "efficient_attention",
     "efficient_probs",
     "entropy_scale",
+    "query_scale",
+    "noise_draw",
+    "causal_keep",
     "SCALE_MODES",
     "logit_scale",
     "check_scale",
     "additive_mask",
     "LINEAR_IMPLS",
     "acc",
+    "key_noise",
 ]
 
 LINEAR_IMPLS = ("auto", "triton", "torch", "eager")
@@ -81,6 +85,21 @@ def check_scale(mode: str, train_keys: Optional[int]) -> None:
                          "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)")
 
 
+def query_scale(q: torch.Tensor, num_keys: Union[int, torch.Tensor], train_keys: Optional[int]) -> Scale:
+    """The scale of q's rows: 1/sqrt(d) without ``train_keys``, else the log-n scale of the keys each query
+    attends, a tensor in q's dtype for per-query counts (under a mask, within windows), computed in fp32 or wider."""
+    if train_keys is None:
+        return q.shape[-1] ** -0.5
+    if not isinstance(num_keys, torch.Tensor):
+        return entropy_scale(q.shape[-1], num_keys, train_keys)
+    return entropy_scale(q.shape[-1], num_keys.to(acc(q).dtype), train_keys).to(q.dtype)
+
+
+def noise_draw(shape, sigma: float, device, dtype) -> torch.Tensor:
+    """N(0, sigma^2) of ``shape``: the Gaussian logit noise every mechanism with logits adds (one draw rule)."""
+    return torch.randn(shape, device=device, dtype=dtype) * sigma
+
+
 def attended_keys(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Keys each query attends under ``attn_mask`` (bool: True = attend; additive: finite), shape (..., Nq, 1)."""
     if attn_mask is None:
@@ -96,9 +115,14 @@ def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Opti
     return torch.zeros(attn_mask.shape, dtype=like.dtype, device=like.device).masked_fill(~attn_mask, float("-inf"))
 
 
+def causal_keep(num_queries: int, num_keys: int, device) -> torch.Tensor:
+    """The causal rows as a bool matrix: query i attends keys 0..i."""
+    return torch.ones(num_queries, num_keys, dtype=torch.bool, device=device).tril()
+
+
 def causal_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Causal rows (query i attends keys 0..i) combined with ``attn_mask``: bool alone, additive with a mask."""
-    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    keep = causal_keep(q.shape[-2], k.shape[-2], q.device)
     if attn_mask is None:
         return keep
     return additive_mask(attn_mask, q) + additive_mask(keep, q)
@@ -109,7 +133,7 @@ def _logit_bias(q: torch.Tensor, k: torch.Tensor, attn_mask, logit_noise: float,
     bias = additive_mask(attn_mask, q.new_empty((), dtype=dtype))
     if logit_noise > 0:
         shape = q.shape[:-1] + (k.shape[-2],)
-        noise = torch.randn(shape, device=q.device, dtype=dtype) * logit_noise
+        noise = noise_draw(shape, logit_noise, q.device, dtype)
         bias = noise if bias is None else noise + bias.to(dtype)
     return bias
 
@@ -145,7 +169,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     return (out, attn) if return_attn else out
 
 
-def _key_noise(k: torch.Tensor, logit_noise: float) -> Optional[torch.Tensor]:
+def key_noise(k: torch.Tensor, logit_noise: float) -> Optional[torch.Tensor]:
     """Per-key log-factors eps_j ~ N(0, sigma^2), shape (B, H, Nk, 1), or None at sigma = 0."""
     if logit_noise <= 0:
         return None
@@ -155,7 +179,7 @@ def _key_noise(k: torch.Tensor, logit_noise: float) -> Optional[torch.Tensor]:
 def _kernel_features(q, k, feature_map: str, logit_noise: float):
     phi = _feature_map(feature_map)
     fq, fk = phi(acc(q)), phi(acc(k))
-    noise = _key_noise(k, logit_noise)
+    noise = key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
     return fq, fk
@@ -226,7 +250,7 @@ def efficient_probs(q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0) 
 
 def _efficient_factors(q, k, logit_noise: float):
     logits = acc(k)
-    noise = _key_noise(k, logit_noise)
+    noise = key_noise(k, logit_noise)
     if noise is not None:
         logits = logits + noise  # the same eps_j on every channel of key j
     return acc(q).softmax(dim=-1), logits.softmax(dim=-2)

@@ -25,7 +25,7 @@ def hydra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noi
     """out = phi(Q) * (sum_scale * sum_t phi(K_t) * V_t), channel by channel; logit noise is the factor exp(eps_t)
     on phi(K_t)."""
     fk = _unit(k)
-    noise = AF._key_noise(k, logit_noise)
+    noise = AF.key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
     return (_unit(q) * ((fk * AF.acc(v)).sum(dim=-2, keepdim=True) * sum_scale)).to(v.dtype)

@@ -38,7 +38,7 @@ def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
 
 def _softmax(logits: torch.Tensor, logit_noise: float) -> torch.Tensor:
     if logit_noise > 0:
-        logits = logits + torch.randn_like(logits) * logit_noise
+        logits = logits + AF.noise_draw(logits.shape, logit_noise, logits.device, logits.dtype)
     return logits.softmax(dim=-1)
 
 

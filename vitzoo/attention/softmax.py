@@ -35,7 +35,7 @@ class SoftmaxAttention(ZooAttention):
         counts = AF.attended_keys(attn_mask) if self.uses_log_n else None
         if counts is None:
             return q, self.logit_scale(k.shape[-2])
-        return q * AF.entropy_scale(self.head_dim, counts, self.train_tokens).to(q.dtype), 1.0
+        return q * AF.query_scale(q, counts, self.train_tokens), 1.0
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         if is_causal:

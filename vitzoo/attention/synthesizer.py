@@ -326,15 +326,13 @@ class SynthesizerAttention(GridBoundAttention):
         if attn_mask is not None:
             out = out + AF.additive_mask(attn_mask, out)
         if is_causal:
-            keep = torch.ones(out.shape[-2:], dtype=torch.bool, device=out.device).tril()
-            out = out.masked_fill(~keep, float("-inf"))
+            out = out.masked_fill(~AF.causal_keep(*out.shape[-2:], out.device), float("-inf"))
         return out
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         logits = self.logits(x, q, k, attn_mask, is_causal)
         if logit_noise > 0:
-            logits = logits + torch.randn(v.shape[:2] + logits.shape[-2:], device=v.device,
-                                          dtype=logits.dtype) * logit_noise
+            logits = logits + AF.noise_draw(v.shape[:2] + logits.shape[-2:], logit_noise, v.device, logits.dtype)
         attn = self.attn_drop(logits.softmax(dim=-1).expand(v.shape[0], -1, -1, -1))
         return (attn @ AF.acc(v)).to(v.dtype)
 

@@ -68,16 +68,6 @@ def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Window
     return Windows(tuple(grid), tuple(sizes), tuple(pads))
 
 
-def _query_scale(q: torch.Tensor, keys, train_keys: Optional[int]):
-    """1/sqrt(d), or the log-n scale of the keys each query attends (``train_keys`` its reference),
-    a tensor in q's dtype for per-query counts."""
-    if train_keys is None:
-        return q.shape[-1] ** -0.5
-    if not isinstance(keys, torch.Tensor):
-        return AF.entropy_scale(q.shape[-1], keys, train_keys)
-    return AF.entropy_scale(q.shape[-1], keys.to(AF.acc(q).dtype), train_keys).to(q.dtype)
-
-
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, window_size: int = 7,
                      shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None,
                      logit_noise: float = 0.0, dropout_p: float = 0.0) -> torch.Tensor:
@@ -94,14 +84,14 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Gr
         kw = torch.cat([kw, k[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
         vw = torch.cat([vw, v[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
         keep = torch.cat([keep, keep.new_ones(nw, P)], dim=-1)
-    scale = _query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
+    scale = AF.query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
     heads, windows = qw.shape[1:3]  # (B, H, windows, ...) as 4-D (B, H * windows, ...): what the ONNX SDPA takes
     mixed = AF.softmax_attention((qw * scale).flatten(1, 2), kw.flatten(1, 2), vw.flatten(1, 2), 1.0, logit_noise,
                                  keep[:, None].repeat(heads, 1, 1), dropout_p=dropout_p)
     out = layout.merge(mixed.unflatten(1, (heads, windows)))
     if not P:
         return out
-    prefix = AF.softmax_attention(q[:, :, :P], k, v, _query_scale(q, k.shape[-2], train_keys), logit_noise,
+    prefix = AF.softmax_attention(q[:, :, :P], k, v, AF.query_scale(q, k.shape[-2], train_keys), logit_noise,
                                   dropout_p=dropout_p)
     return torch.cat([prefix, out], dim=2)
 
@@ -113,7 +103,7 @@ def window_probs(q: torch.Tensor, k: torch.Tensor, grid: Grid, query_index: torc
     ids = torch.cat([ids.new_full((num_prefix,), -1), ids])
     keep = (ids[:, None] == ids[None, :]) | (ids[:, None] < 0) | (ids[None, :] < 0)
     keep = keep[query_index]
-    scale = _query_scale(q, keep.sum(-1, keepdim=True), train_keys)
+    scale = AF.query_scale(q, keep.sum(-1, keepdim=True), train_keys)
     return AF.softmax_probs(q[:, :, query_index] * scale, k, 1.0, keep)
 
 
