@@ -173,8 +173,8 @@ def plot(rows: List[dict], path: Path, work: Path) -> None:
     loaded = _read(work / rows[0]["preset"] / "loaded.json")
     ax.set_ylabel(f"val top-1 (%), {loaded['num_images']:,} images" if loaded else "val top-1 (%)")
     images = _images(work, rows[0]["preset"])
-    ax.set_title(f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\nstage 1 {images[0]:,} + stage 2 "
-                 f"{images[1]:,} training images; the teacher and from scratch (docs/zoo/cpu): 89,856", fontsize=9)
+    ax.set_title(f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\ntraining images: stage 1 "
+                 f"{images[0]:,} + stage 2 {images[1]:,}; teacher and from scratch (docs/zoo/cpu) 89,856", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
