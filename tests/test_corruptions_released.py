@@ -13,26 +13,41 @@ from vitzoo.robustness.released import CifarC, ImageNetC, released_corruptions, 
 PER_SEVERITY = 4
 
 
-def write_cifar_c(root, names=("fog", "gaussian_noise")):
+def write_cifar_c(root, names=("fog", "gaussian_noise"), images=None, labels=None):
     """<name>.npy (5 x 4 images of 8 x 6 px): every pixel of image k of severity s is 10 s + k (+ 100 for the
-    second corruption); labels.npy: 7 - k, repeated per severity."""
+    second corruption); labels.npy: 7 - k, repeated per severity. Given ``images`` (uint8 (5 x N, H, W, 3),
+    severities one after the other) and their ``labels``, every corruption holds those instead."""
     root.mkdir(parents=True, exist_ok=True)
     for j, name in enumerate(names):
-        values = np.array([100 * j + 10 * s + k for s in range(1, 6) for k in range(PER_SEVERITY)], dtype=np.uint8)
-        np.save(root / f"{name}.npy", np.broadcast_to(values[:, None, None, None], (len(values), 8, 6, 3)).copy())
-    np.save(root / "labels.npy", np.tile(np.arange(7, 7 - PER_SEVERITY, -1, dtype=np.uint8), 5))
+        if images is None:
+            values = np.array([100 * j + 10 * s + k for s in range(1, 6) for k in range(PER_SEVERITY)], dtype=np.uint8)
+            np.save(root / f"{name}.npy", np.broadcast_to(values[:, None, None, None], (len(values), 8, 6, 3)).copy())
+        else:
+            np.save(root / f"{name}.npy", images)
+    np.save(root / "labels.npy", np.tile(np.arange(7, 7 - PER_SEVERITY, -1, dtype=np.uint8), 5)
+            if labels is None else labels)
     return root
 
 
-def write_imagenet_c(root, classes=("n01440764", "n01443537", "n02102040")):
-    """<corruption>/<severity>/<class>/*.JPEG: two flat images per class, gray level 40 c + 10 s."""
-    for name in ("snow", "zoom_blur"):
+def write_imagenet_c(root, classes=("n01440764", "n01443537", "n02102040"), names=("snow", "zoom_blur"),
+                     images=None, labels=None):
+    """<corruption>/<severity>/<class>/*.JPEG: two flat images per class, gray level 40 c + 10 s. Given ``images``
+    (uint8 (5 x N, H, W, 3), severities one after the other) and their ``labels`` (indices into ``classes``),
+    those instead, as lossless PNG files."""
+    for name in names:
         for s in range(1, 6):
             for c, wnid in enumerate(classes):
                 folder = root / name / str(s) / wnid
                 folder.mkdir(parents=True)
-                for k in range(2):
-                    Image.new("RGB", (12, 10), (40 * c + 10 * s,) * 3).save(folder / f"ILSVRC_{k}.JPEG", quality=95)
+                if images is None:
+                    for k in range(2):
+                        Image.new("RGB", (12, 10), (40 * c + 10 * s,) * 3).save(folder / f"ILSVRC_{k}.JPEG",
+                                                                               quality=95)
+            if images is not None:
+                per = len(images) // 5
+                for k in range(per):
+                    i = (s - 1) * per + k
+                    Image.fromarray(images[i]).save(root / name / str(s) / classes[labels[i]] / f"ILSVRC_{k:05d}.png")
     return root
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from conftest import QUIET, ROOT, compose_config
+from test_corruptions_released import write_cifar_c, write_imagenet_c
 from vitzoo import robustness
 from vitzoo.data import DigitsDataModule
 from vitzoo.diagnostics import attention_entropy
@@ -257,6 +258,79 @@ def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
     torch.save(checkpoint, tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="do not fit the architecture it names \\(nonlocal_resnet18_cifar"):
         evaluate(f"ckpt_path={tmp_path / 'other.ckpt'}")
+
+
+def _released_digits(root, layout):
+    """The digits val split as released files of ``fog``: severity 1 holds the images as they are, the other
+    severities the images inverted (uint8, as the released files are); returns the images and labels."""
+    loader = unit_loader(16)
+    clean = (torch.cat([x for x, _ in loader]) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+    labels = torch.cat([y for _, y in loader])
+    images = torch.cat([clean, *(255 - clean,) * 4]).numpy()
+    labels = labels.repeat(5).numpy().astype("uint8")
+    if layout == "cifar":
+        write_cifar_c(root, names=("fog",), images=images, labels=labels)
+    else:
+        write_imagenet_c(root, classes=[str(c) for c in range(10)], names=("fog",), images=images, labels=labels)
+    return torch.from_numpy(images), torch.from_numpy(labels)
+
+
+@pytest.mark.parametrize("layout", ["cifar", "imagenet"])
+def test_eval_reads_the_released_files_as_released(checkpoints, tmp_path, layout, monkeypatch):
+    """source=files: the corruption passes score the files' images, only normalised (corrupt() is never
+    called); clean and logit-noise passes stay on the val split; the JSON names source and root."""
+    images, labels = _released_digits(tmp_path / "released", layout)
+
+    def no_corrupt(*args, **kwargs):
+        raise AssertionError("corrupt() called on a source=files pass")
+
+    monkeypatch.setattr(robustness.sweep, "corrupt", no_corrupt)
+    overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness.source=files",
+                 f"robustness.root={tmp_path / 'released'}", "robustness.corruptions=[fog]",
+                 "robustness.severities=[1,5]", "robustness.logit_noise=[1]", "robustness.resolutions=[]",
+                 "robustness.plots=false", "robustness.tensorboard=false", "robustness.progress=false"]
+    result = evaluate_checkpoints(compose_config(tmp_path / "eval", overrides, name="eval"))
+    acc = {(r["test"], r["level"]): r for r in result["records"]}
+    model, hp = load_classifier(checkpoints["vit_softmax"])
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (hp["mean"], hp["std"]))
+    per = len(images) // 5
+    for severity, block in ((1, slice(0, per)), (5, slice(4 * per, 5 * per))):
+        x = images[block].permute(0, 3, 1, 2).float() / 255
+        with torch.no_grad():
+            expected = (model((x - mean) / std).argmax(1) == labels[block].long()).sum().item() / per
+        assert acc[("fog", severity)]["num_images"] == per == 360
+        assert acc[("fog", severity)]["acc1"] == pytest.approx(expected, abs=1e-9)
+    assert acc[("fog", 5)]["acc1"] < acc[("fog", 1)]["acc1"] - 0.3  # inverted digits: a different pass indeed
+    assert abs(acc[("clean", 0)]["acc1"] - acc[("fog", 1)]["acc1"]) <= 2 / 360  # the val split, as 8-bit files
+    assert ("logit_noise", 1.0) in acc
+    payload = json.loads((tmp_path / "eval" / "robustness.json").read_text())
+    assert payload["source"] == "files" and payload["root"] == str((tmp_path / "released").resolve())
+
+
+def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
+    def evaluate(*overrides):
+        return evaluate_checkpoints(compose_config(tmp_path / "e", [f"ckpt_path={checkpoints['vit_softmax']}",
+                                                                    "robustness.logit_noise=[]",
+                                                                    "robustness.resolutions=[]", *overrides],
+                                                   name="eval"))
+
+    _released_digits(tmp_path / "digits", "cifar")
+    small = write_cifar_c(tmp_path / "small")  # 8 x 6 px images of fog and gaussian_noise
+    with pytest.raises(ValueError, match=r"^robustness.source=files needs robustness.root=<the folder of CIFAR"):
+        evaluate("robustness.source=files")
+    with pytest.raises(ValueError, match=r"robustness.root=.* is read only with robustness.source=files; add"):
+        evaluate(f"robustness.root={small}")
+    with pytest.raises(ValueError, match=r"has no files for \['shot_noise'\]; it holds \['fog'\]: pass "
+                                         r"robustness.corruptions=\[fog\]"):
+        evaluate("robustness.source=files", f"robustness.root={tmp_path / 'digits'}",
+                 "robustness.corruptions=[fog,shot_noise]")
+    with pytest.raises(ValueError, match=r"holds 8x6 px images but softmax \(16 px\) took other sizes"):
+        evaluate("robustness.source=files", f"robustness.root={small}", "robustness.corruptions=[fog]")
+    with pytest.raises(ValueError, match=r"robustness.protocol=imagenet but .* holds the cifar benchmark's files"):
+        evaluate("robustness.source=files", f"robustness.root={tmp_path / 'digits'}", "robustness.corruptions=[fog]",
+                 "robustness.protocol=imagenet")
+    with pytest.raises(ValueError, match=r"robustness.source='disk'; choose computed"):
+        evaluate("robustness.source=disk")
 
 
 def test_eval_warns_when_the_run_trained_on_other_data(checkpoints, tmp_path, caplog):

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from .corruptions import CORRUPTIONS, list_corruptions
 
-__all__ = ["CifarC", "ImageNetC", "released_corruptions", "released_dataset"]
+__all__ = ["CifarC", "ImageNetC", "layout", "released_corruptions", "released_dataset"]
 
 SEVERITIES = (1, 2, 3, 4, 5)
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
@@ -35,7 +35,7 @@ def _check(corruption: str, severity: int) -> None:
                          f"got {severity!r}")
 
 
-def _layout(root: Path) -> str:
+def layout(root: Path) -> str:
     """"cifar" (npy files), "imagenet" (folders) or a FileNotFoundError that says what was expected."""
     if not root.is_dir():
         raise FileNotFoundError(f"robustness.root {root} is not a folder; pass the folder of CIFAR-10-C / CIFAR-100-C "
@@ -51,7 +51,7 @@ def _layout(root: Path) -> str:
 def released_corruptions(root: str | Path) -> list[str]:
     """The corruptions present under ``root`` (either layout), sorted."""
     root = Path(root)
-    if _layout(root) == "cifar":
+    if layout(root) == "cifar":
         return sorted(n for n in CORRUPTIONS if (root / f"{n}.npy").is_file())
     return sorted(n for n in CORRUPTIONS if (root / n).is_dir())
 
@@ -120,7 +120,7 @@ def released_dataset(root: str | Path, corruption: str, severity: int,
                      classes: Optional[Sequence[str]] = None) -> Dataset:
     """The released images of ``corruption`` at ``severity`` under ``root``, in whichever layout it holds
     (``classes``: ImageNet-C's class order, default sorted)."""
-    if _layout(Path(root)) == "cifar":
+    if layout(Path(root)) == "cifar":
         if classes is not None:
             raise ValueError("classes applies to ImageNet-C folders; CIFAR-10-C / CIFAR-100-C carry labels.npy")
         return CifarC(root, corruption, severity)

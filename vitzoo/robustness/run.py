@@ -21,6 +21,7 @@ from vitzoo.utils import instantiate_config, write_json
 from .closing import file_lines, results_table
 from .plots import plot_results
 from .report import log_tensorboard, summarize, write_results
+from .source import released_files
 from .sweep import CLEAN, Sweep, patch_multiple, resolution_size, run_pass, sweep_passes
 
 __all__ = ["evaluate_checkpoints", "checkpoint_entries", "derive_labels"]
@@ -149,7 +150,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), rob.get("baseline"))
     loaded = [load_classifier(path) for _, path in entries]  # every checkpoint checked before the first pass
     _check_img_size(cfg.data.get("img_size"), entries, loaded)
-    num_classes = instantiate_config(cfg.data, img_size=loaded[0][1]["img_size"]).num_classes
+    dm = instantiate_config(cfg.data, img_size=loaded[0][1]["img_size"])
+    num_classes = dm.num_classes
     for (_, path), (_, hp) in zip(entries, loaded):
         if hp["num_classes"] != num_classes:
             raise ValueError(f"{path} has {hp['num_classes']} classes but the data has {num_classes}; "
@@ -167,6 +169,9 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
             raise ValueError(f"robustness.resolutions={list(sweep.resolutions)} give the sizes {sizes[label]} px for "
                              f"{label} (trained at {hp['img_size']}, inputs a multiple of {patch_multiple(m)}): drop "
                              f"the factors that repeat a size")
+    files = released_files(rob.source, rob.root, sweep.corruptions, sweep.protocol,
+                           {label: hp["img_size"] for label, (_, hp) in zip(labels, loaded)},
+                           getattr(dm, "classes", None), dm.eval_batch_size, dm.num_workers, rob.get("max_images"))
     loader_at = _unit_loaders(cfg.data, channels.pop(), rob.get("max_images"))
     device = _device(cfg.device)
 
@@ -174,13 +179,17 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     out, data = Path(cfg.paths.output_dir), data_name(cfg.data)
     log.info("evaluating %s on the %s: %d pass(es) each, into %s", ", ".join(labels), data, len(passes),
              out.resolve())
+    if files is not None:
+        log.info("corruption passes read the released files under %s (%s layout, %dx%d px)", files.root.resolve(),
+                 files.layout, *files.image_size)
     records: List[dict] = []
     with _Progress(rob.get("progress", True), len(labels) * len(passes)) as advance:
         for label, (model, hp) in zip(labels, loaded):
             model.to(device)
             for step in passes:
                 advance(f"{label}: {step}")
-                metrics = run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"], loader_at, device)
+                metrics = run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"], loader_at, device,
+                                   files.loader if files is not None else None)
                 records.append({"checkpoint": label, "test": step.test, **metrics})
             model.cpu()
 
@@ -189,8 +198,10 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
                 "img_size": hp["img_size"], "resolution_sizes": sizes[label]}
         for label, (_, path), (_, hp) in zip(labels, entries, loaded)}
     summary = summarize(records, baseline)
+    source = {"source": "files" if files is not None else "computed",
+              "root": str(files.root.resolve()) if files is not None else None}
     write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline, "data": data,
-                                          "sweep": {k: getattr(sweep, k) for k in SWEEP_KEYS}})
+                                          "sweep": {k: getattr(sweep, k) for k in SWEEP_KEYS}, **source})
     plots = plot_results(records, out, {lb: c["img_size"] for lb, c in checkpoints.items()}, data) \
         if rob.get("plots", True) else []
     tensorboard = out / "tensorboard" if rob.get("tensorboard", True) else None

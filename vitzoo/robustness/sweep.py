@@ -106,26 +106,33 @@ def _normaliser(mean: Sequence[float], std: Sequence[float], device) -> Callable
 
 
 def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Sequence[float], std: Sequence[float],
-             loader_at: Callable[[int], Iterable], device: torch.device) -> Dict[str, float]:
+             loader_at: Callable[[int], Iterable], device: torch.device,
+             released: Optional[Callable[[str, int], Iterable]] = None) -> Dict[str, float]:
     """Evaluate ``model`` (in eval mode) for one pass; returns the ``evaluate`` metrics plus the ``level``.
 
     ``loader_at(size)`` yields (images in [0, 1] at ``size`` x ``size``, labels). A resolution pass
-    reports the image size in pixels as its level.
+    reports the image size in pixels as its level. With ``released(corruption, severity)`` (the released
+    files' images in [0, 1], labels), a corruption pass reads those, only normalised, instead of
+    corrupting the val split.
     """
     normalise = _normaliser(mean, std, device)
-    size, preprocess, noise = img_size, normalise, 0.0
+    size, preprocess, noise, source = img_size, normalise, 0.0, None
     level = step.level
     if step.test == RESOLUTION:
         size = level = resolution_size(img_size, step.level, patch_multiple(model))
     elif step.test == LOGIT_NOISE:
         noise = step.level
+    elif step.test != CLEAN and released is not None:
+        source = released(step.test, int(step.level))
     elif step.test != CLEAN:
         generator = torch.Generator().manual_seed(sweep.seed)  # CPU: the same draws on any device
 
         def preprocess(x: torch.Tensor) -> torch.Tensor:
             return normalise(corrupt(x, step.test, int(step.level), sweep.protocol, generator=generator))
-    batches = iter(loader_at(size))  # a DataLoader draws its base seed from the global RNG here ...
-    torch.manual_seed(sweep.seed)  # ... so seed after it: the logit noise draws are the same for any loader
+    # A DataLoader draws its base seed from the global RNG at iter(): seed after it, so the logit noise draws
+    # are the same for any loader.
+    batches = iter(source if source is not None else loader_at(size))
+    torch.manual_seed(sweep.seed)
     with attention_noise(model, noise) if step.test == LOGIT_NOISE else nullcontext():
         metrics = evaluate(model, batches, device, preprocess)
     if step.test in (CLEAN, RESOLUTION) and any(isinstance(m, ZooAttention) for m in model.modules()):
