@@ -380,14 +380,17 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     said = [line.split("] ", 1)[1] for line in proc.stdout.splitlines()]  # "[time][INFO] message"
     header = said.index(next(line for line in said if line.startswith("checkpoint ")))
     assert said[header - 1].split() == ["corruptions", "logit", "noise", "input", "size"]
-    assert said[header].split() == ["checkpoint", "clean", "mean", "mCE", "vs", "softmax", "1", "2x"]
+    assert said[header].split() == ["checkpoint", "clean", "mean", "1", "of", "15", "mean", "CE", "1", "of", "15",
+                                    "vs", "softmax", "1", "2x"]
     summary = json.loads((run / "robustness.json").read_text())["summary"]
     for line, label in zip(said[header + 1:header + 3], ("softmax", "linear")):
         s = summary[label]
         expected = [s["clean_acc1"], s["mean_corrupted_acc1"], s["mce"], s["logit_noise_acc1"]["1"],
                     s["resolution_acc1"]["32"]]
         assert line.split() == [label, *(f"{100 * v:.1f}" for v in expected)], line
-    assert said[header + 3].startswith("corruptions: mean = ") and "of the baseline softmax's" in said[header + 3]
+    assert said[header + 3] == "corruptions: mean = accuracy over gaussian_noise x severities (1 of 15 at " \
+                               "severities 5: not the 15 x 5)"
+    assert said[header + 4].startswith("  mean CE (not mCE, which needs the 15 at severities 1-5) vs softmax = ")
     assert "360 images per pass" in said[header - 2] and "Digits val split" in said[header - 2]
 
     start = said.index(f"run directory: {run.resolve()}")  # then the files, relative to it

@@ -72,23 +72,27 @@ def test_plots_name_data_images_and_checkpoints_start_at_zero_and_band_each_line
 
 def test_closing_table_has_one_row_per_checkpoint_in_percent():
     records = _records(n=360)
-    summary = {"softmax": {"mean_corrupted_acc1": 0.9, "mce": 1.0}, "linear": {"mean_corrupted_acc1": 0.85,
-                                                                                "mce": 1.25}}
+    scope = {"corruptions": ["gaussian_noise"], "over": "1 of 15", "benchmark": False}
+    summary = {"softmax": {"mean_corrupted_acc1": 0.9, "mce": 1.0, **scope},
+               "linear": {"mean_corrupted_acc1": 0.85, "mce": 1.25, **scope}}
     lines = results_table(records, summary, "softmax", "Digits val split", [1.5, 2.0],
                           {"softmax": [24, 32], "linear": [24, 32]})
     assert lines[0].startswith("top-1 accuracy (%) on the Digits val split, 360 images per pass")
     half = max(h - lo for lo, h in (accuracy_interval(r["acc1"], 360) for r in records)) / 2
     assert f"+-{100 * half:.1f} points at most" in lines[0]
     assert lines[1].split() == ["corruptions", "logit", "noise", "input", "size"]
-    assert lines[2].split() == ["checkpoint", "clean", "mean", "mCE", "vs", "softmax", "0.5", "1", "2", "1.5x", "2x"]
+    assert lines[2].split() == ["checkpoint", "clean", "mean", "1", "of", "15", "mean", "CE", "1", "of", "15", "vs",
+                                "softmax", "0.5", "1", "2", "1.5x", "2x"]
     assert lines[3].split() == ["softmax", "95.0", "90.0", "100.0", "93.5", "92.0", "89.0", "85.0", "85.0"]
     assert lines[4].split() == ["linear", "90.0", "85.0", "125.0", "88.5", "87.0", "84.0", "80.0", "80.0"]
     assert all(len(line) == len(lines[2]) for line in lines[3:5])  # columns line up
-    assert lines[5].startswith("corruptions: mean = ") and "of the baseline softmax's" in lines[5]
+    assert lines[5].startswith("corruptions: mean = accuracy over gaussian_noise x severities (1 of 15 at")
+    assert lines[6].startswith("  mean CE (not mCE, which needs the 15 at severities 1-5) vs softmax = ")
 
     no_base = results_table(records, {k: {**v, "mce": None} for k, v in summary.items()}, None, "x", [], {})
-    assert no_base[2].split() == ["checkpoint", "clean", "mean", "mCE", "0.5", "1", "2"]
-    assert no_base[3].split()[3] == "-" and "mCE needs a baseline (robustness.baseline=" in no_base[5]
+    assert no_base[2].split() == ["checkpoint", "clean", "mean", "1", "of", "15", "mean", "CE", "1", "of", "15",
+                                  "0.5", "1", "2"]
+    assert no_base[3].split()[3] == "-" and no_base[6].startswith("  mean CE needs a baseline (robustness.baseline=")
     clean_only = results_table([r for r in records if r["test"] == "clean"], {"softmax": {}, "linear": {}}, None,
                                "x", [], {})
     assert [line.split() for line in clean_only[1:]] == [["checkpoint", "clean"], ["softmax", "95.0"],

@@ -22,10 +22,20 @@ def _columns(records: Sequence[dict], summary: Dict[str, dict], baseline: Option
              sizes: Dict[str, List[int]]) -> List[Column]:
     table = by_checkpoint(records)
     columns: List[Column] = [("", "clean", {lb: _pct(t[CLEAN][0]["acc1"]) for lb, t in table.items()})]
-    if any("mean_corrupted_acc1" in s for s in summary.values()):
-        columns.append(("corruptions", "mean", {lb: _pct(summary[lb].get("mean_corrupted_acc1")) for lb in table}))
-        mce = f"mCE vs {baseline}" if baseline is not None else "mCE"
-        columns.append(("corruptions", mce, {lb: _pct(summary[lb].get("mce")) for lb in table}))
+    swept = next((s for s in summary.values() if "mean_corrupted_acc1" in s), None)
+    if swept is not None:
+        scope = _scope(swept)
+        columns.append(("corruptions", f"mean {scope}",
+                        {lb: _pct(summary[lb].get("mean_corrupted_acc1")) for lb in table}))
+        ce = "mCE" if swept["benchmark"] else f"mean CE {scope}"
+        columns.append(("corruptions", f"{ce} vs {baseline}" if baseline is not None else ce,
+                        {lb: _pct(summary[lb].get("mce")) for lb in table}))
+        alexnet = [s["published"] for s in summary.values() if "alexnet_mean_ce" in s.get("published", {})]
+        if alexnet:
+            header = ("mCE AlexNet" if alexnet[0]["alexnet_mce"] is not None else
+                      f"mean CE AlexNet {len(alexnet[0]['corruptions'])} of 15")
+            columns.append(("corruptions", header, {lb: _pct(summary[lb].get("published", {}).get("alexnet_mean_ce"))
+                                                    for lb in table}))
     for sigma in sorted({s for t in table.values() for s in t.get(LOGIT_NOISE, {}) if s > 0}):
         columns.append(("logit noise", f"{sigma:g}",
                         {lb: _pct(t.get(LOGIT_NOISE, {}).get(sigma, {}).get("acc1")) for lb, t in table.items()}))
@@ -33,6 +43,14 @@ def _columns(records: Sequence[dict], summary: Dict[str, dict], baseline: Option
         columns.append(("input size", f"{factor:g}x",
                         {lb: _pct(t.get(RESOLUTION, {}).get(sizes[lb][i], {}).get("acc1")) for lb, t in table.items()}))
     return columns
+
+
+def _scope(summary: dict) -> str:
+    """What a checkpoint's corruption means are over, in a header: "15x5" for the 15 at severities 1-5, else e.g.
+    "6 of 15+2" (6 of the 15 and 2 extra corruptions)."""
+    if summary["benchmark"]:
+        return "15x5"
+    return summary["over"].replace("the 15", "15 of 15").replace(" + ", "+").replace(" extra", "")
 
 
 def _render(labels: Sequence[str], columns: List[Column]) -> List[str]:
@@ -71,16 +89,30 @@ def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: O
              f"+-{100 * half:.1f} points at most)", *_render(list(by_checkpoint(records)), columns)]
     groups = {group for group, _, _ in columns}
     if "corruptions" in groups:
-        lines.append(f"corruptions: mean = accuracy over every corruption and severity; mCE = corruption error in % "
-                     f"of the baseline {baseline}'s (Hendrycks & Dietterich; 100 = as robust, lower is better)"
-                     if baseline is not None else
-                     "corruptions: mean = accuracy over every corruption and severity; mCE needs a baseline "
-                     "(robustness.baseline=<label or .ckpt>)")
+        lines += _corruption_notes(records, next(s for s in summary.values() if "mean_corrupted_acc1" in s), baseline)
     if "logit noise" in groups:
         lines.append("logit noise: accuracy at sigma, N(0, sigma^2) added to every attention layer's logits "
                      "(sigma 0 = clean)")
     if "input size" in groups:
         lines.append("input size: factor of each checkpoint's training size")
+    return lines
+
+
+def _corruption_notes(records: Sequence[dict], swept: dict, baseline: Optional[str]) -> List[str]:
+    """What the corruption columns are over and what they mean."""
+    severities = sorted({int(r["level"]) for r in records if r["test"] in swept["corruptions"]})
+    what = "the 15 x 5 (CIFAR-C's mean corruption accuracy as RobustBench reports it)" if swept["benchmark"] else \
+        f"{swept['over']} at severities {','.join(map(str, severities))}: not the 15 x 5"
+    lines = [f"corruptions: mean = accuracy over {', '.join(swept['corruptions'])} x severities ({what})"]
+    ce = "mCE" if swept["benchmark"] else "mean CE (not mCE, which needs the 15 at severities 1-5)"
+    lines.append(f"  {ce} vs {baseline} = corruption error in % of the baseline's (Hendrycks & Dietterich; "
+                 f"100 = as robust, lower is better)" if baseline is not None else
+                 f"  {ce.split(' (')[0]} needs a baseline (robustness.baseline=<label or .ckpt>)")
+    published = swept.get("published", {})
+    if "alexnet_mean_ce" in published:
+        over = "the 15" if published["alexnet_mce"] is not None else \
+            f"{', '.join(published['corruptions'])} ({len(published['corruptions'])} of 15; not mCE)"
+        lines.append(f"  CE AlexNet = ImageNet-C corruption error in % of AlexNet's published errors, mean over {over}")
     return lines
 
 

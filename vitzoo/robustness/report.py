@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Sequence
 from vitzoo.utils import write_json
 
 from .corruptions import CORRUPTIONS
+from .mce import coverage, is_benchmark, published
 from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
 
 __all__ = ["summarize", "write_results", "log_tensorboard", "by_checkpoint", "RECORD_FIELDS"]
@@ -34,13 +35,18 @@ def _ratio(num: float, den: float) -> Optional[float]:
     return num / den if den > 0 else None
 
 
-def summarize(records: Sequence[dict], baseline: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+def summarize(records: Sequence[dict], baseline: Optional[str] = None,
+              protocols: Optional[Dict[str, str]] = None) -> Dict[str, Dict[str, Any]]:
     """Per checkpoint: clean accuracy, accuracy per corruption (mean over severities), the mean corrupted
-    accuracy and its relative drop from clean, accuracy per logit sigma and per resolution.
+    accuracy and its relative drop from clean, accuracy per logit sigma and per resolution; ``corruptions``
+    names what the corruption means are over and ``over`` how that relates to the 15 ("the 15", "6 of 15 + 2
+    extra"), ``benchmark`` whether it is the 15 at severities 1-5.
 
     With ``baseline`` (a checkpoint label): Hendrycks & Dietterich's corruption error
-    CE_c = sum_s E_{c,s} / sum_s E^base_{c,s}, its mean ``mCE`` and the relative mCE
-    (errors minus the clean error, in both numerator and denominator); 1.0 = as robust as the baseline.
+    CE_c = sum_s E_{c,s} / sum_s E^base_{c,s}, the mean of those (``mce``, an mCE only when ``benchmark``)
+    and of the relative CEs (errors minus the clean error, in both numerator and denominator); 1.0 = as robust
+    as the baseline. With ``protocols`` (label -> "cifar" | "imagenet"): ``published``, the summaries as
+    published (``mce.published``: CIFAR's mean corruption accuracy, ImageNet-C's AlexNet-normalised mCE).
     """
     table = by_checkpoint(records)
     if baseline is not None and baseline not in table:
@@ -56,6 +62,10 @@ def summarize(records: Sequence[dict], baseline: Optional[str] = None) -> Dict[s
             s["corruption_acc1"] = {t: sum(r["acc1"] for r in lv.values()) / len(lv) for t, lv in corruptions.items()}
             s["mean_corrupted_acc1"] = mean
             s["relative_drop"] = _ratio(clean - mean, clean)
+            s["corruptions"], s["over"] = list(corruptions), coverage(list(corruptions))
+            s["benchmark"] = is_benchmark(corruptions)
+            if protocols is not None and label in protocols:
+                s["published"] = published(corruptions, protocols[label])
         if LOGIT_NOISE in tests:
             s["logit_noise_acc1"] = {f"{lv:g}": r["acc1"] for lv, r in sorted(tests[LOGIT_NOISE].items())}
         if RESOLUTION in tests:

@@ -19,6 +19,7 @@ from vitzoo.training import load_classifier, run_record
 from vitzoo.utils import instantiate_config, write_json
 
 from .closing import file_lines, results_table
+from .corruptions import CIFAR_MAX_SIDE
 from .plots import plot_results
 from .report import log_tensorboard, summarize, write_results
 from .source import released_files
@@ -193,11 +194,14 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
                 records.append({"checkpoint": label, "test": step.test, **metrics})
             model.cpu()
 
+    protocols = {label: files.protocol if files is not None else
+                 sweep.protocol or ("cifar" if hp["img_size"] <= CIFAR_MAX_SIDE else "imagenet")
+                 for label, (_, hp) in zip(labels, loaded)}
     checkpoints = {
         label: {"path": os.path.abspath(path), "arch": hp["arch"], "attention": hp["attention"],
-                "img_size": hp["img_size"], "resolution_sizes": sizes[label]}
+                "img_size": hp["img_size"], "resolution_sizes": sizes[label], "protocol": protocols[label]}
         for label, (_, path), (_, hp) in zip(labels, entries, loaded)}
-    summary = summarize(records, baseline)
+    summary = summarize(records, baseline, protocols)
     source = {"source": "files" if files is not None else "computed",
               "root": str(files.root.resolve()) if files is not None else None}
     write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline, "data": data,
