@@ -57,6 +57,8 @@ from vitzoo.attention.window import window_attention
 from vitzoo.kernels import fused_linear_attention
 from vitzoo.runtime import retain_freed_memory
 
+from memory import status_mib  # a sibling module: scripts run from benchmarks/ see it
+
 MODES = ("fwd", "fwd+bwd")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -238,22 +240,14 @@ def time_all(args):
 
 
 # ----------------------------------------------------------------------------------------- memory
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _cpu_peak(fn) -> int:
     """Bytes of resident memory above the level before ``fn()``, at ``fn``'s peak."""
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current VmRSS
-    base = _status_kib("VmRSS")
+    base = status_mib("VmRSS")
     fn()
-    return (_status_kib("VmHWM") - base) * 1024
+    return int((status_mib("VmHWM") - base) * 2**20)
 
 
 def _cuda_peak(fn, device) -> int:

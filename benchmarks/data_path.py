@@ -15,16 +15,14 @@ import argparse
 import itertools
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from zoo import resolve_data  # noqa: E402  (the zoo's tar.gz / folder handling)
+from zoo import resolve_data  # noqa: E402  (a sibling module: the zoo's tar.gz / folder handling)
 
 from vitzoo.data import ImageFolderDataModule  # noqa: E402
 from vitzoo.data.device_data import DeviceBatches  # noqa: E402

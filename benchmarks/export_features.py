@@ -21,12 +21,9 @@ from pathlib import Path
 
 import torch
 
+from memory import status_mib  # a sibling module: scripts run from benchmarks/ see it
+
 ATTENTIONS = ("linear", "softmax")
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
 
 
 def worker(export_dir: str, img_size: int, reps: int) -> dict:
@@ -40,13 +37,13 @@ def worker(export_dir: str, img_size: int, reps: int) -> dict:
         maps = model(x)  # warm-up
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        base = _status_mb("VmRSS")
+        base = status_mib("VmRSS")
         times = []
         for _ in range(reps):
             start = time.perf_counter()
             model(x)
             times.append(time.perf_counter() - start)
-    return {"seconds": min(times), "peak_mb": _status_mb("VmHWM") - base,
+    return {"seconds": min(times), "peak_mb": status_mib("VmHWM") - base,
             "shapes": [list(m.shape) for m in maps]}
 
 

@@ -25,9 +25,7 @@ import argparse
 import csv
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +95,6 @@ def timed(step, batches, steps, device, clock) -> float:
 
 def data_feeds(data: str, img_size: int, batch_size: int, workers: int, device) -> dict:
     """Endless training batches of the image folder ``data`` from each data path: {row label: next batch}."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from data_path import device_batches, endless, folder_module
 
     plain = folder_module(data, img_size, batch_size, False, num_workers=workers)

@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import zoo_results  # noqa: E402  (a sibling script module)
+
+import zoo_results  # noqa: E402  (sibling modules: scripts run from benchmarks/ see them)
+from memory import status_mib  # noqa: E402
 PHASES = ("train", "profile", "eval", "report")
 
 
@@ -156,14 +157,6 @@ def train(runs: List[Run], budget: Budget, data_root: Path, overrides: Sequence[
 
 
 # ---------------------------------------------------------------- profile
-def _rss_mb(field_name: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _eager_twins(model) -> None:
     """Switch fused paths to their eager twins so FlopCounterMode sees every attention matmul."""
     from vitzoo.attention import LinearAttention, SoftmaxAttention
@@ -184,7 +177,7 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
     from vitzoo.training import build_model, read_checkpoint
 
     hp = read_checkpoint(ckpt)["hyper_parameters"]
-    base = _rss_mb("VmRSS")
+    base = status_mib("VmRSS")
     cuda = torch.cuda.is_available()  # on a GPU: bf16 autocast, peak = torch's max allocated
     device = torch.device("cuda" if cuda else "cpu")
     model = build_model(hp).to(device)
@@ -208,7 +201,7 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
             torch.cuda.synchronize()
         if i >= 2:  # two warm-up steps
             times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _rss_mb("VmHWM") - base
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_mib("VmHWM") - base
     times.sort()
     model.eval()
     _eager_twins(model)

@@ -1,6 +1,7 @@
 """Shared helpers for the training-pipeline tests: compose configs/ with overrides, fast settings."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -12,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+sys.path.append(str(ROOT / "benchmarks"))  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
 
 # A one-block, 32-wide ViT (or a 16-wide ResNet) on 16x16 random images: steps take milliseconds.
 FAST_DATA = ["data=synthetic", "data.img_size=16", "data.num_train=64", "data.num_val=32", "data.batch_size=16"]

@@ -36,7 +36,6 @@ VARIANTS_WITHOUT_PRESET = {"synth_factorized_dense", "synth_factorized_random"}
 
 def test_every_mechanism_has_a_labelled_vit_preset_in_the_zoo():
     """Adding a mechanism = its file + a preset: the zoo reads its rows from configs/model/."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from zoo import zoo_presets
 
     rows = dict((preset, label) for label, preset in zoo_presets())

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import sys
 
 import numpy as np
 from PIL import Image
 
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import corruption_speed  # noqa: E402
+import corruption_speed  # a benchmark script (tests/conftest.py puts benchmarks/ on the path)
 
 NAMES = ["glass_blur", "zoom_blur", "spatter"]  # a random, a deterministic and an extra one (all 19 by default)
 

@@ -133,11 +133,6 @@ def test_zoo_summary_names_its_images_starts_at_zero_and_bars_the_wilson_interva
 
 
 def _zoo():
-    import sys
-
-    from conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import zoo
+    import zoo  # a benchmark script (tests/conftest.py puts benchmarks/ on the path)
 
     return zoo

@@ -3,14 +3,10 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 
 import pytest
 
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import transfer_table  # noqa: E402
+import transfer_table  # a benchmark script (tests/conftest.py puts benchmarks/ on the path)
 
 
 @pytest.mark.parametrize("epochs, expected", [(0.25, ("1", "0.25")), (1.0, ("1", "1")), (1.5, ("2", "0.75")),

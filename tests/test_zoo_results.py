@@ -10,7 +10,6 @@ import torch
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
 import zoo_results  # noqa: E402
 
 METRICS = {"val/acc1": 0.5, "entropy_init/blocks.0.attn": 1.0, "entropy_init/blocks.1.attn": 0.9,
