@@ -405,3 +405,37 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
 
     logged = (run / "eval.log").read_text().splitlines()
     assert [line.split("] ", 1)[1] for line in logged] == said  # the log holds every line the console showed
+
+
+def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkpoints):
+    from vitzoo.robustness.adversarial import adversarial_accuracy
+
+    model, hp = load_classifier(checkpoints["vit_softmax"])
+    loader = unit_loader(16, max_images=180)
+    clean = sweep_pass(model, hp, Pass("clean", 0), loaders={16: loader})["acc1"]
+    weak, strong = (adversarial_accuracy(model, loader, hp["mean"], hp["std"], eps / 255, torch.device("cpu"))
+                    for eps in (2, 8))
+    assert weak["num_images"] == strong["num_images"] == 180
+    for r in (weak, strong):
+        assert r["acc1"] <= r["fgsm_acc1"] <= clean  # PGD at least as strong as FGSM, both at most clean
+    assert strong["acc1"] < clean - 0.4 and strong["acc1"] <= weak["acc1"], (clean, weak, strong)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        adversarial_accuracy(model, loader, hp["mean"], hp["std"], 0.0, torch.device("cpu"))
+
+
+def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
+    overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness=clean", "robustness.adversarial=[2,8]",
+                 "robustness.max_images=90", "robustness.progress=false"]
+    result = evaluate_checkpoints(compose_config(tmp_path, overrides, name="eval"))
+    adv = {r["level"]: r for r in result["records"] if r["test"] == "pgd_linf"}
+    clean = result["summary"]["linear"]["clean_acc1"]
+    assert sorted(adv) == [2.0, 8.0] and all(r["num_images"] == 90 for r in adv.values())
+    assert adv[8.0]["acc1"] <= adv[8.0]["fgsm_acc1"] <= clean and adv[8.0]["acc1"] < clean - 0.3
+    summary = json.loads((tmp_path / "robustness.json").read_text())["summary"]["linear"]
+    assert summary["pgd_linf_acc1"] == {"2/255": adv[2.0]["acc1"], "8/255": adv[8.0]["acc1"]}
+    assert summary["attack_check"] == "ok"
+    with open(tmp_path / "robustness.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["test"] == "pgd_linf"]
+    assert [float(r["fgsm_acc1"]) for r in rows] == [adv[2.0]["fgsm_acc1"], adv[8.0]["fgsm_acc1"]]
+    with pytest.raises(ValueError, match=r"robustness.adversarial \[-1\] must be positive"):
+        evaluate_checkpoints(compose_config(tmp_path / "bad", [*overrides, "robustness.adversarial=[-1]"], name="eval"))

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .intervals import accuracy_interval
 from .report import by_checkpoint
-from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
+from .sweep import ADVERSARIAL, CLEAN, LOGIT_NOISE, RESOLUTION
 
 __all__ = ["results_table", "file_lines"]
 
@@ -39,6 +39,9 @@ def _columns(records: Sequence[dict], summary: Dict[str, dict], baseline: Option
     for sigma in sorted({s for t in table.values() for s in t.get(LOGIT_NOISE, {}) if s > 0}):
         columns.append(("logit noise", f"{sigma:g}",
                         {lb: _pct(t.get(LOGIT_NOISE, {}).get(sigma, {}).get("acc1")) for lb, t in table.items()}))
+    for eps in sorted({e for t in table.values() for e in t.get(ADVERSARIAL, {})}):
+        columns.append(("PGD L-inf", f"{eps:g}/255",
+                        {lb: _pct(t.get(ADVERSARIAL, {}).get(eps, {}).get("acc1")) for lb, t in table.items()}))
     for i, factor in enumerate(factors):
         columns.append(("input size", f"{factor:g}x",
                         {lb: _pct(t.get(RESOLUTION, {}).get(sizes[lb][i], {}).get("acc1")) for lb, t in table.items()}))
@@ -93,6 +96,9 @@ def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: O
     if "logit noise" in groups:
         lines.append("logit noise: accuracy at sigma, N(0, sigma^2) added to every attention layer's logits "
                      "(sigma 0 = clean)")
+    if "PGD L-inf" in groups:
+        lines.append("PGD L-inf: accuracy under PGD (10 steps of 2.5 eps / 10, random start) at eps in grey levels "
+                     "of a [0, 1] image (torchattacks); FGSM's in robustness.json / .csv (fgsm_acc1)")
     if "input size" in groups:
         lines.append("input size: factor of each checkpoint's training size")
     return lines

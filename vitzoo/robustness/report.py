@@ -16,11 +16,11 @@ from vitzoo.utils import write_json
 
 from .corruptions import CORRUPTIONS
 from .mce import coverage, is_benchmark, published
-from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
+from .sweep import ADVERSARIAL, CLEAN, LOGIT_NOISE, RESOLUTION
 
 __all__ = ["summarize", "write_results", "log_tensorboard", "by_checkpoint", "RECORD_FIELDS"]
 
-RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy")
+RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy", "fgsm_acc1")
 
 
 def by_checkpoint(records: Sequence[dict]) -> Dict[str, Dict[str, Dict[float, dict]]]:
@@ -70,11 +70,26 @@ def summarize(records: Sequence[dict], baseline: Optional[str] = None,
             s["logit_noise_acc1"] = {f"{lv:g}": r["acc1"] for lv, r in sorted(tests[LOGIT_NOISE].items())}
         if RESOLUTION in tests:
             s["resolution_acc1"] = {f"{lv:g}": r["acc1"] for lv, r in sorted(tests[RESOLUTION].items())}
+        if ADVERSARIAL in tests:
+            s["pgd_linf_acc1"] = {f"{lv:g}/255": r["acc1"] for lv, r in sorted(tests[ADVERSARIAL].items())}
+            s["attack_check"] = _attack_check(clean, tests[ADVERSARIAL])
         out[label] = s
     if baseline is not None:
         for label, tests in table.items():
             out[label].update(_corruption_errors(tests, table[baseline]))
     return out
+
+
+def _attack_check(clean: float, levels: Dict[float, dict]) -> str:
+    """"ok", or which guard a silently broken attack failed: PGD above clean or above FGSM at the same eps (one
+    image of slack for the random start)."""
+    for eps, r in sorted(levels.items()):
+        slack = 1 / r["num_images"]
+        if r["acc1"] > clean + slack or r["fgsm_acc1"] > clean + slack:
+            return f"failed: accuracy under attack at {eps:g}/255 above clean ({r['acc1']:.3f} > {clean:.3f})"
+        if r["acc1"] > r["fgsm_acc1"] + slack:
+            return f"failed: PGD above FGSM at {eps:g}/255 ({r['acc1']:.3f} > {r['fgsm_acc1']:.3f})"
+    return "ok"
 
 
 def _corruption_errors(tests: Dict[str, Dict[float, dict]], base: Dict[str, Dict[float, dict]]) -> Dict[str, Any]:
@@ -120,6 +135,8 @@ def log_tensorboard(records: Sequence[dict], log_dir: Path) -> None:
                         writer.add_scalar("clean/acc1", r["acc1"], 0)
                     elif test == LOGIT_NOISE:
                         writer.add_scalar("logit_noise/acc1", r["acc1"], int(round(100 * level)))
+                    elif test == ADVERSARIAL:
+                        writer.add_scalar("pgd_linf/acc1", r["acc1"], int(level))
                     elif test == RESOLUTION:
                         writer.add_scalar("resolution/acc1", r["acc1"], int(level))
                         if "entropy" in r:

@@ -27,7 +27,7 @@ from .sweep import CLEAN, Sweep, patch_multiple, resolution_size, run_pass, swee
 
 __all__ = ["evaluate_checkpoints", "checkpoint_entries", "derive_labels"]
 
-SWEEP_KEYS = ("corruptions", "severities", "protocol", "logit_noise", "resolutions", "seed")
+SWEEP_KEYS = ("corruptions", "severities", "protocol", "logit_noise", "resolutions", "adversarial", "seed")
 Entry = Tuple[Optional[str], str]  # (label or None, checkpoint path)
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,10 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
                 "img_size": hp["img_size"], "resolution_sizes": sizes[label], "protocol": protocols[label]}
         for label, (_, path), (_, hp) in zip(labels, entries, loaded)}
     summary = summarize(records, baseline, protocols)
+    for label, s in summary.items():
+        if s.get("attack_check", "ok") != "ok":
+            log.warning("%s: the adversarial attack looks broken (%s); do not report its PGD numbers", label,
+                        s["attack_check"])
     source = {"source": "files" if files is not None else "computed",
               "root": str(files.root.resolve()) if files is not None else None}
     write_results(records, summary, out, {"checkpoints": checkpoints, "baseline": baseline, "data": data,

@@ -22,30 +22,33 @@ from vitzoo.attention import ZooAttention
 from vitzoo.diagnostics import attention_entropy
 from vitzoo.training.evaluate import evaluate
 
+from .adversarial import adversarial_accuracy
 from .attention_noise import attention_noise
 from .corruptions import PROTOCOLS, corrupt, list_corruptions
 
 __all__ = ["Sweep", "Pass", "sweep_passes", "run_pass", "resolution_size", "patch_multiple",
-           "CLEAN", "LOGIT_NOISE", "RESOLUTION"]
+           "CLEAN", "LOGIT_NOISE", "RESOLUTION", "ADVERSARIAL"]
 
-CLEAN, LOGIT_NOISE, RESOLUTION = "clean", "logit_noise", "resolution"
+CLEAN, LOGIT_NOISE, RESOLUTION, ADVERSARIAL = "clean", "logit_noise", "resolution", "pgd_linf"
 ENTROPY_IMAGES = 32
 
 
 @dataclass(frozen=True)
 class Sweep:
     """What to measure. ``resolutions`` are factors of the training size (1.5 = 48 px for 32 px training),
-    rounded to a multiple of the model's patch; ``protocol`` None picks CIFAR-C strengths up to 64 px."""
+    rounded to a multiple of the model's patch; ``protocol`` None picks CIFAR-C strengths up to 64 px;
+    ``adversarial`` are PGD L-inf radii in grey levels (8 = 8/255 of a [0, 1] image)."""
 
     corruptions: Tuple[str, ...] = ()
     severities: Tuple[int, ...] = (1, 2, 3, 4, 5)
     protocol: Optional[str] = None
     logit_noise: Tuple[float, ...] = ()
     resolutions: Tuple[float, ...] = ()
+    adversarial: Tuple[float, ...] = ()
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("corruptions", "severities", "logit_noise", "resolutions"):
+        for name in ("corruptions", "severities", "logit_noise", "resolutions", "adversarial"):
             value = getattr(self, name)
             if isinstance(value, (str, numbers.Number)):
                 raise ValueError(f"robustness.{name} must be a list, got {value!r}; write e.g. {name}=[{value}]")
@@ -63,6 +66,9 @@ class Sweep:
                              f"or null (by image size)")
         if any(s < 0 for s in self.logit_noise):
             raise ValueError(f"robustness.logit_noise {list(self.logit_noise)} holds a negative sigma; use values >= 0")
+        if any(e <= 0 for e in self.adversarial):
+            raise ValueError(f"robustness.adversarial {list(self.adversarial)} must be positive L-inf radii in grey "
+                             f"levels of 255, e.g. [1, 2, 4, 8]")
         if any(r <= 0 for r in self.resolutions):
             raise ValueError(f"robustness.resolutions {list(self.resolutions)} must be positive factors of the "
                              f"training size, e.g. [1.5, 2.0]")
@@ -85,6 +91,7 @@ def sweep_passes(sweep: Sweep) -> List[Pass]:
     passes += [Pass(c, s) for c in sweep.corruptions for s in sweep.severities]
     passes += [Pass(LOGIT_NOISE, float(s)) for s in sweep.logit_noise]
     passes += [Pass(RESOLUTION, float(r)) for r in sweep.resolutions]
+    passes += [Pass(ADVERSARIAL, float(e)) for e in sweep.adversarial]
     return passes
 
 
@@ -115,6 +122,9 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
     files' images in [0, 1], labels), a corruption pass reads those, only normalised, instead of
     corrupting the val split.
     """
+    if step.test == ADVERSARIAL:  # PGD at eps = level / 255 on the val split, FGSM beside it (fgsm_acc1)
+        return {**adversarial_accuracy(model, loader_at(img_size), mean, std, step.level / 255, device, sweep.seed),
+                "level": step.level}
     normalise = _normaliser(mean, std, device)
     size, preprocess, noise, source = img_size, normalise, 0.0, None
     level = step.level
