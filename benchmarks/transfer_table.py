@@ -225,8 +225,10 @@ def main() -> None:
             student = work / preset / "stage1" / "checkpoints" / "last.ckpt"
             _train(work / preset / "stage2", [*base, "transfer.stage=2", *epoch_overrides(args.stage2),
                                               f"transfer.student={student}"])
-        if "report" in phases:
+        if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows
             write_report(collect(work, presets), args.out, work)
+    if phases == ["report"]:
+        write_report(collect(work, presets), args.out, work)
 
 
 if __name__ == "__main__":
