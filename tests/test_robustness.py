@@ -407,7 +407,10 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     assert [line.split("] ", 1)[1] for line in logged] == said  # the log holds every line the console showed
 
 
+ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
+
 def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkpoints):
+    pytest.importorskip("torchattacks", reason=ATTACKS)
     from vitzoo.robustness.adversarial import adversarial_accuracy
 
     model, hp = load_classifier(checkpoints["vit_softmax"])
@@ -424,6 +427,7 @@ def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkp
 
 
 def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
+    pytest.importorskip("torchattacks", reason=ATTACKS)
     overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness=clean", "robustness.adversarial=[2,8]",
                  "robustness.max_images=90", "robustness.progress=false"]
     result = evaluate_checkpoints(compose_config(tmp_path, overrides, name="eval"))

@@ -37,8 +37,8 @@ def adversarial_accuracy(model: nn.Module, batches: Iterable, mean: Sequence[flo
     try:
         import torchattacks
     except ImportError as err:
-        raise ImportError("robustness.adversarial needs torchattacks: pip install 'vitzoo[adv]' "
-                          "(or pip install torchattacks)") from err
+        raise ImportError("robustness.adversarial needs torchattacks: pip install --no-deps torchattacks==3.5.1 "
+                          "(its own requirements pin an old requests)") from err
     if not eps > 0:
         raise ValueError(f"adversarial eps must be > 0 (clean accuracy is the clean pass), got {eps}")
     attacked = Normalised(model, mean, std).to(device).eval()
