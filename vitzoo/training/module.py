@@ -16,7 +16,7 @@ import vitzoo
 from .optim import build_optimizer, build_scheduler
 from .resume import ExactResume
 
-__all__ = ["ImageClassifier", "build_model", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
+__all__ = ["ImageClassifier", "build_model", "checked_options", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
 
 OPTIM_DEFAULTS = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup_epochs=1.0, min_lr_ratio=0.01,
                       layer_decay=None, fused=None)
@@ -31,7 +31,8 @@ def build_model(hparams: Mapping[str, Any]) -> nn.Module:
                                **(hparams.get("model_kwargs") or {}))
 
 
-def _options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[str, Any]) -> Dict[str, Any]:
+def checked_options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[str, Any]) -> Dict[str, Any]:
+    """``given`` over ``defaults``: an unknown key or a non-number for a number is a one-line error naming ``name``."""
     unknown = sorted(set(given or {}) - set(defaults))
     if unknown:
         raise ValueError(f"{name} has no option(s) {unknown}; valid options: {sorted(defaults)}")
@@ -70,8 +71,8 @@ class ImageClassifier(ExactResume):
                  channels_last: bool = False):
         super().__init__()
         self.save_hyperparameters(logger=False)  # run.train logs the whole config instead
-        self.optim = _options("module.optim", optim, OPTIM_DEFAULTS)
-        mix = _options("module.mixup", mixup, MIXUP_DEFAULTS)
+        self.optim = checked_options("module.optim", optim, OPTIM_DEFAULTS)
+        mix = checked_options("module.mixup", mixup, MIXUP_DEFAULTS)
         self.model = build_model(self.hparams)
         if not isinstance(channels_last, bool):
             raise ValueError(f"module.channels_last={channels_last!r}; give true or false")

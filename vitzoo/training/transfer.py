@@ -26,7 +26,7 @@ from vitzoo.attention import ZooAttention
 from vitzoo.models import initialise_from
 
 from .evaluate import read_checkpoint
-from .module import ImageClassifier, _options, build_model
+from .module import ImageClassifier, build_model, checked_options
 
 __all__ = ["AttentionTransfer", "TRANSFER_DEFAULTS", "initialise", "attention_layers"]
 
@@ -243,7 +243,7 @@ def _row_cross_entropy(student: ZooAttention, teacher: ZooAttention, x: torch.Te
 
 
 def _check_transfer(given: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    options = _options("transfer", given, TRANSFER_DEFAULTS)
+    options = checked_options("transfer", given, TRANSFER_DEFAULTS)
     if options["stage"] not in (1, 2):
         raise ValueError(f"transfer.stage={options['stage']!r}; give 1 (attention layers learn the teacher's outputs) "
                          f"or 2 (fine-tune on the labels)")
