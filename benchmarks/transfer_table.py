@@ -1,5 +1,6 @@
 """Attention transfer at the zoo's cpu budget: a softmax teacher, then per mechanism the student as loaded,
-after stage 1 and after stage 2, set beside the same mechanism trained from scratch (docs/zoo/cpu/results.csv).
+after stage 1 and after stage 2, set beside the same mechanism trained from scratch (docs/zoo/cpu/results.csv),
+and the robustness the converted network keeps beside its teacher's.
 
     python benchmarks/transfer_table.py --data <dir holding train/> --work logs/transfer \\
         --presets vit_linear,vit_hedgehog --stage1 0.25 --stage2 0.5          # train what is missing, then report
@@ -9,7 +10,10 @@ Work folder: ``teacher/`` (vit_softmax, experiment=zoo_cpu, ``--teacher-epochs``
 student's ``model.init_from``), ``<preset>/loaded.json`` (the stage-1 run's starting student on the val split),
 ``<preset>/stage1/`` and ``<preset>/stage2/`` (train.py runs, experiment=transfer_cpu). ``--stage1`` / ``--stage2``
 are epochs of training images (a fraction runs as trainer.limit_train_batches). A run with a metrics.json is done;
-one with a last.ckpt resumes. Each run's wall time (``wall_s.json``) sums its attempts. The report goes to
+one with a last.ckpt resumes. Each run's wall time (``wall_s.json``) sums its attempts. The ``robustness`` phase
+runs eval.py on the teacher's and each finished stage 2's best checkpoint (the 15 benchmark corruptions x 5
+severities and PGD L-inf 2/255 on the first 1,000 images of the val split they trained on) into
+``teacher/robustness/`` and ``<preset>/robustness/``; one with a robustness.json is done. The report goes to
 ``--out`` (results.md, results.csv, transfer.png).
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import csv
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,14 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 from zoo import BUDGETS, _run_logged, model_overrides, zoo_presets  # noqa: E402  (a sibling script module)
 
 BUDGET = BUDGETS["cpu"]
-PHASES = ("teacher", "loaded", "stage1", "stage2", "report")
+PHASES = ("teacher", "loaded", "stage1", "stage2", "robustness", "report")
 SCRATCH = ROOT / "docs" / "zoo" / "cpu" / "results.csv"
+ROBUSTNESS_IMAGES = 1000  # the first val images of the split the runs trained on
+PGD_EPS = 2  # PGD L-inf radius in grey levels of 255
 
 
 def epoch_overrides(epochs: float) -> List[str]:
     """``epochs`` of training images as whole epochs, each limited to the same fraction of the batches."""
     whole = max(1, math.ceil(epochs))
-    return [f"trainer.max_epochs={whole}", f"++trainer.limit_train_batches={epochs / whole:g}"]
+    fraction = float(epochs / whole)  # written as a float: Lightning reads an int limit as a batch count
+    return [f"trainer.max_epochs={whole}", f"++trainer.limit_train_batches={fraction!r}"]
 
 
 def _train(run_dir: Path, args: List[str]) -> None:
@@ -89,9 +97,47 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path) -> None:
     print(f"[loaded] {preset}: {student['acc1']:.4f} (teacher as loaded {teacher_scores['acc1']:.4f})", flush=True)
 
 
+def evaluate_robustness(label: str, run: Path, data: Path) -> None:
+    """eval.py on ``run``'s best checkpoint into ``run.parent / "robustness"`` (labelled ``label``): the 15
+    benchmark corruptions x 5 severities and PGD L-inf ``PGD_EPS``/255 on the first ``ROBUSTNESS_IMAGES`` images
+    of the val split ``run`` trained on (its recorded val_fraction and split_seed). Done when robustness.json is
+    there; an unfinished run is skipped."""
+    from omegaconf import OmegaConf
+
+    out = robustness_dir(run)
+    if (out / "robustness.json").is_file():
+        print(f"[done] {out}", flush=True)
+        return
+    metrics = _read(run / "metrics.json")
+    if metrics is None:
+        print(f"[robustness] {label}: {run} has not finished, skipped", flush=True)
+        return
+    split = OmegaConf.load(run / ".hydra" / "config.yaml").data
+    cmd = [sys.executable, "eval.py", f"ckpt_path={{{label}: {metrics['best_ckpt']}}}", "data=imagefolder",
+           f"data.root={data}", *(f"data.{k}={split[k]}" for k in ("val_fraction", "split_seed", "eval_batch_size",
+                                                                    "num_workers") if k in split),
+           "robustness=benchmark", "robustness.logit_noise=[]", "robustness.resolutions=[]",
+           f"robustness.adversarial=[{PGD_EPS}]", f"robustness.max_images={ROBUSTNESS_IMAGES}",
+           "robustness.progress=false", f"hydra.run.dir={out}"]
+    print(f"[robustness] {label} ...", flush=True)
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted eval.py leaves no record to resume from
+    start = time.time()
+    _run_logged(cmd, out.parent / "robustness.harness.log")
+    (out / "wall_s.json").write_text(json.dumps({"wall_s": time.time() - start}))
+    print(f"[robustness] {label}: {time.time() - start:.0f} s", flush=True)
+
+
+def robustness_dir(run: Path) -> Path:
+    """Where the robustness phase evaluates ``run`` (a teacher or stage-2 run folder)."""
+    return (run.parent if run.name == "stage2" else run) / "robustness"
+
+
 # ---------------------------------------------------------------- report
+ROBUSTNESS = ("mean corruption accuracy (15x5)", f"PGD L-inf {PGD_EPS}/255")
+TEACHER_ROBUSTNESS = tuple(f"teacher {key}" for key in ROBUSTNESS)
 COLUMNS = ("mechanism", "preset", "loaded", "stage 1", "stage 2", "from scratch", "teacher", "% of teacher",
-           "stage 1 min", "stage 2 min", "stage 1 val transfer loss")
+           "stage 1 min", "stage 2 min", "stage 1 val transfer loss", *ROBUSTNESS, *TEACHER_ROBUSTNESS)
+PERCENT = ("loaded", "stage 1", "stage 2", "from scratch", "teacher", *ROBUSTNESS, *TEACHER_ROBUSTNESS)
 
 
 def _read(path: Path) -> Optional[dict]:
@@ -104,9 +150,27 @@ def scratch_accuracy() -> Dict[str, float]:
         return {row["preset"]: float(row["val acc"]) for row in csv.DictReader(f) if row["seed"] == "0"}
 
 
+def robustness_cells(run: Path, label: str) -> Dict[str, object]:
+    """The two robustness columns of ``run`` (accuracies in [0, 1]) from its robustness phase's record, or what
+    stands in for them: "no checkpoint" (the run has not finished), "not evaluated" (no record), "attack check
+    failed" (the PGD guards of eval.py flagged the attack)."""
+    if not (run / "metrics.json").is_file():
+        return dict.fromkeys(ROBUSTNESS, "no checkpoint")
+    record = _read(robustness_dir(run) / "robustness.json")
+    if record is None or label not in record["summary"]:
+        return dict.fromkeys(ROBUSTNESS, "not evaluated")
+    summary = record["summary"][label]
+    corruption = summary.get("published", {}).get("mean_corruption_acc1")
+    pgd = summary.get("pgd_linf_acc1", {}).get(f"{PGD_EPS}/255")
+    return {ROBUSTNESS[0]: corruption if corruption is not None else "not 15x5",
+            ROBUSTNESS[1]: ("not evaluated" if pgd is None else
+                            pgd if summary.get("attack_check") == "ok" else "attack check failed")}
+
+
 def collect(work: Path, presets: List[str]) -> List[dict]:
     labels = dict((preset, label) for label, preset in zoo_presets())
     teacher = _read(work / "teacher" / "metrics.json")
+    teacher_robustness = dict(zip(TEACHER_ROBUSTNESS, robustness_cells(work / "teacher", "teacher").values()))
     scratch = scratch_accuracy()
     rows = []
     for preset in presets:
@@ -122,7 +186,7 @@ def collect(work: Path, presets: List[str]) -> List[dict]:
                "stage 1 min": w1 and w1["wall_s"] / 60, "stage 2 min": w2 and w2["wall_s"] / 60,
                "stage 1 val transfer loss": s1 and s1.get("val/transfer_loss")}
         row["% of teacher"] = row["stage 2"] / row["teacher"] * 100 if row["stage 2"] and row["teacher"] else None
-        rows.append(row)
+        rows.append({**row, **robustness_cells(work / preset / "stage2", preset), **teacher_robustness})
     return rows
 
 
@@ -131,7 +195,7 @@ def _cell(key: str, value) -> str:
         return "-"
     if isinstance(value, str):
         return value
-    if key in ("loaded", "stage 1", "stage 2", "from scratch", "teacher"):
+    if key in PERCENT:
         return f"{value * 100:.1f}"
     if key == "stage 1 val transfer loss":
         return f"{value:.3g}"
@@ -215,6 +279,8 @@ def main() -> None:
     if "teacher" in phases:
         _train(teacher, ["experiment=zoo_cpu", "model=vit_softmax", f"data.root={args.data}",
                          *model_overrides(BUDGET, "vit_softmax"), *epoch_overrides(args.teacher_epochs)])
+    if "robustness" in phases:
+        evaluate_robustness("teacher", teacher, args.data)
     for preset in presets:
         base = stage_args(preset, args.data, teacher)
         if "loaded" in phases:
@@ -225,6 +291,8 @@ def main() -> None:
             student = work / preset / "stage1" / "checkpoints" / "last.ckpt"
             _train(work / preset / "stage2", [*base, "transfer.stage=2", *epoch_overrides(args.stage2),
                                               f"transfer.student={student}"])
+        if "robustness" in phases:
+            evaluate_robustness(preset, work / preset / "stage2", args.data)
         if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows
             write_report(collect(work, presets), args.out, work)
     if phases == ["report"]:

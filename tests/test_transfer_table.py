@@ -5,15 +5,19 @@ import csv
 import json
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import transfer_table  # a benchmark script (tests/conftest.py puts benchmarks/ on the path)
 
 
-@pytest.mark.parametrize("epochs, expected", [(0.25, ("1", "0.25")), (1.0, ("1", "1")), (1.5, ("2", "0.75")),
-                                              (2.0, ("2", "1"))])
+@pytest.mark.parametrize("epochs, expected", [(0.25, ("1", "0.25")), (1.0, ("1", "1.0")), (1.5, ("2", "0.75")),
+                                              (15, ("15", "1.0"))])
 def test_epochs_of_images_become_whole_epochs_of_equal_fractions(epochs, expected):
-    assert transfer_table.epoch_overrides(epochs) == [f"trainer.max_epochs={expected[0]}",
-                                                      f"++trainer.limit_train_batches={expected[1]}"]
+    overrides = transfer_table.epoch_overrides(epochs)
+    assert overrides == [f"trainer.max_epochs={expected[0]}", f"++trainer.limit_train_batches={expected[1]}"]
+    # Hydra must hand Lightning a float: an int limit is a batch count (1 would train one batch per epoch)
+    limit = OverridesParser.create().parse_overrides(overrides[1:])[0].value()
+    assert isinstance(limit, float)
 
 
 def _write(path, payload):
