@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 
 from . import functional as AF
+from .grid import GridBoundAttention, GridModule, Layout, resample_tokens
 from .registry import register_attention
-from .synthesizer import GridBoundAttention, GridModule, Layout, resample_tokens
 
 __all__ = ["LinformerAttention", "TokenProjection", "linformer_attention", "linformer_probs", "resample_projection"]
 
