@@ -27,39 +27,56 @@ def softmax_ref(q, k, v, scale=None, mask=None, noise=None):
         logits = logits + (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.double())
     if noise is not None:
         logits = logits + noise.double()
-    e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
-    a = e / e.sum(dim=-1, keepdim=True)
+    a = softmax_rows(logits)
     return a @ v, a
 
 
-def elu_plus_one(x):
-    return torch.where(x > 0, x + 1.0, torch.exp(x))
+def softmax_rows(logits):
+    """exp(l_ij) / sum_j exp(l_ij) over the last dim (shifted by the row's max)."""
+    e = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
 
 
-def relu(x):
-    return torch.clamp(x, min=0.0)
+def phi(x, feature_map):
+    """The feature maps in float64: elu + 1, relu, taylor = [1, x / |x|] (so phi(q).phi(k) = 1 + cos(q, k)),
+    identity (features computed beforehand); a callable is a mechanism's own map, applied as it is."""
+    x = x.double()
+    if callable(feature_map):
+        return feature_map(x)
+    if feature_map == "elu":
+        return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))  # no inf (or NaN gradient) for large x
+    if feature_map == "relu":
+        return torch.clamp(x, min=0.0)
+    if feature_map == "taylor":
+        unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+        return torch.cat([torch.ones_like(x[..., :1]), unit], dim=-1)
+    if feature_map == "identity":
+        return x
+    raise ValueError(f"no float64 reference for feature map {feature_map!r}")
 
 
 def kernel_sim(q, k, feature_map):
-    """sim(q_i, k_j) >= 0: phi(q).phi(k) for elu/relu, 1 + cos(q, k) for taylor."""
-    q, k = q.double(), k.double()
-    if feature_map == "taylor":
-        qn = q / q.norm(dim=-1, keepdim=True)
-        kn = k / k.norm(dim=-1, keepdim=True)
-        return 1.0 + qn @ kn.transpose(-2, -1)
-    phi = {"elu": elu_plus_one, "relu": relu}[feature_map]
-    return phi(q) @ phi(k).transpose(-2, -1)
+    """sim(q_i, k_j) = phi(q_i).phi(k_j) >= 0."""
+    return phi(q, feature_map) @ phi(k, feature_map).transpose(-2, -1)
 
 
 def kernel_ref(q, k, v, feature_map="elu", eps=1e-6, causal=False, key_noise=None):
-    """out_i = sum_j sim_ij v_j / (sum_j sim_ij + eps); key noise is the factor exp(eps_j) on key j."""
+    """out_i = sum_j sim_ij v_j / (sum_j sim_ij + eps) through the n x n matrix (over keys j <= i when causal);
+    key noise is the factor exp(eps_j) on key j."""
     sim = kernel_sim(q, k, feature_map)
     if key_noise is not None:  # (B, H, Nk, 1) -> a factor on column j
         sim = sim * torch.exp(key_noise.double()).transpose(-2, -1)
     if causal:
-        sim = sim * torch.ones(sim.shape[-2:], dtype=sim.dtype).tril()
+        sim = sim.tril()
     a = sim / (sim.sum(dim=-1, keepdim=True) + eps)
     return a @ v.double(), a
+
+
+def kernel_ref_linear_time(q, k, v, feature_map="elu", eps=1e-6):
+    """kernel_ref's output summed over the keys first: phi(q) S / (phi(q).z + eps), S = sum_j phi(k_j)^T v_j,
+    z = sum_j phi(k_j); memory linear in the token count (the n x n form is 32 GB at 65,536 tokens)."""
+    fq, fk = phi(q, feature_map), phi(k, feature_map)
+    return (fq @ (fk.transpose(-2, -1) @ v.double())) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
 
 
 def efficient_ref(q, k, v, key_noise=None):

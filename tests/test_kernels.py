@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attention_reference import kernel_ref, kernel_ref_linear_time, phi
 from vitzoo.attention import functional as AF
 from vitzoo.kernels import KERNEL_MAPS, fused_linear_attention, naive_linear_attention, triton_available
 from vitzoo.kernels import cpu_kernel as CK
@@ -24,28 +25,6 @@ def torch_path(q, k, v, feature_map="elu", eps=1e-6, **options):
     return fused_linear_attention(q, k, v, feature_map, eps, impl="torch", **options)
 
 EPS = 1e-6
-
-
-def phi_ref(x: torch.Tensor, feature_map: str) -> torch.Tensor:
-    """The feature maps of docs/mechanisms.md, written out in float64 (identity: features given)."""
-    x = x.double()
-    if feature_map == "identity":
-        return x
-    if feature_map == "elu":
-        return torch.where(x > 0, x + 1, torch.exp(x))
-    if feature_map == "relu":
-        return x.clamp(min=0)
-    unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    return torch.cat([torch.ones_like(x[..., :1]), unit], dim=-1)  # taylor: 1 + cos(q, k)
-
-
-def reference(q, k, v, feature_map="elu", eps=EPS, causal=False):
-    """The formula through the n x n matrix sim_ij = phi(q_i).phi(k_j): sum_j sim_ij v_j / (sum_j sim_ij + eps),
-    over keys j <= i when causal."""
-    sim = phi_ref(q, feature_map) @ phi_ref(k, feature_map).transpose(-2, -1)
-    if causal:
-        sim = sim.tril()
-    return (sim @ v.double()) / (sim.sum(-1, keepdim=True) + eps)
 
 
 def make_qkv(b, h, n, d, dv=None, dtype=torch.float32, seed=0, requires_grad=True, features=False):
@@ -86,7 +65,7 @@ def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kern
         out = AF.linear_attention(q, k, v, feature_map, EPS, impl="eager")
     else:
         out = torch_path(q, k, v, feature_map, EPS, chunk=chunk, use_kernel=use_kernel)
-    ref = reference(q, k, v, feature_map)
+    ref = kernel_ref(q, k, v, feature_map)[0]
     assert out.shape == (b, h, n, dv) and out.dtype == torch.float32
     assert_close_rel(out, ref, 1e-5)
     for g, g_ref in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
@@ -108,7 +87,7 @@ def test_naive_reference_is_the_formula(feature_map, causal):
     q, k, v = make_qkv(2, 3, 19, 8, 5, features=feature_map == "identity")
     out = naive_linear_attention(q, k, v, feature_map, EPS, causal=causal)
     assert out.dtype == torch.float32
-    assert_close_rel(out, reference(q, k, v, feature_map, causal=causal), 1e-5)
+    assert_close_rel(out, kernel_ref(q, k, v, feature_map, causal=causal)[0], 1e-5)
 
 
 def test_kernels_import_nothing_else_of_vitzoo():
@@ -154,7 +133,7 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
     kernel = CK.cpu_kernel(torch.zeros(1), "elu")
     x = torch.cat([torch.linspace(-110, 10, 24001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -87.4, -103.9])])
     rows = x.reshape(-1, 1, 1, 1)  # (B, H, N, D): one token of one feature per slice
-    for name, expected in [("elu", phi_ref(x, "elu")), ("relu", phi_ref(x, "relu"))]:
+    for name, expected in [("elu", phi(x, "elu")), ("relu", phi(x, "relu"))]:
         _, z = kernel.state_sweep(rows, torch.ones_like(rows), KERNEL_MAPS[name], 0, 1, 256)
         err = (z.flatten().double() - expected).abs()
         normal = expected >= torch.finfo(torch.float32).tiny
@@ -167,7 +146,7 @@ def test_cpu_kernel_keeps_subnormal_features_apart():
     (a clamp to the smallest normal made both features equal: 0.5 here)."""
     q = torch.tensor([[[[-95.0, -105.0]]]])
     k, v = torch.tensor([[[[5.0, -5.0], [-5.0, 5.0]]]]), torch.tensor([[[[1.0], [0.0]]]])
-    expected = reference(q, k, v, "elu", eps=0.0)
+    expected = kernel_ref(q, k, v, "elu", eps=0.0)[0]
     for use_kernel in (True, False):
         assert_close_rel(torch_path(q, k, v, "elu", eps=0.0, use_kernel=use_kernel), expected, 1e-3)
 
@@ -434,10 +413,7 @@ def test_fp16_at_64k_tokens_has_no_overflow():
     k = k + 1  # elu(k) + 1 ~ 2 on average: z ~ 1.3e5 per channel
     out = fused_linear_attention(q, k, v, impl="torch")
     assert torch.isfinite(out).all()
-    # the n x n reference would be 32 GB here: the same formula in float64, summed first
-    fq, fk = phi_ref(q, "elu"), phi_ref(k, "elu")
-    ref = (fq @ (fk.transpose(-2, -1) @ v.double())) / (fq @ fk.sum(-2).unsqueeze(-1) + EPS)
-    assert_close_rel(out, ref, 2e-3)
+    assert_close_rel(out, kernel_ref_linear_time(q, k, v), 2e-3)  # the n x n reference would be 32 GB here
 
 
 def test_bad_inputs_raise_errors_that_name_the_fix():
@@ -480,7 +456,8 @@ _TRITON_SCRIPT = textwrap.dedent("""
     import torch
     from vitzoo.attention import functional as AF
     from vitzoo.kernels import fused_linear_attention
-    from test_kernels import assert_close_rel, grads, reference
+    from attention_reference import kernel_ref
+    from test_kernels import assert_close_rel, grads
 
     def inputs(b, h, nq, nk, d, dv, layout):
         g = torch.Generator().manual_seed(0)
@@ -497,7 +474,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
             q, k = q.exp(), k.exp()
         chosen = [t.requires_grad_(True) for t, name in zip((q, k, v), "qkv") if name in wanted]
         out = fused_linear_attention(q, k, v, fm, impl="triton")
-        ref = reference(q, k, v, fm)
+        ref = kernel_ref(q, k, v, fm)[0]
         assert out.shape == (b, h, nq, dv) and out.dtype == torch.float32
         assert_close_rel(out, ref, 1e-5)
         for g, g_ref in zip(grads(out, chosen), grads(ref, chosen), strict=True):

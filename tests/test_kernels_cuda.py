@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention_reference import kernel_ref_linear_time
 from vitzoo.kernels import fused_linear_attention, triton_available
 
 DEVICE = torch.device("cuda")
@@ -20,17 +21,6 @@ EPS = 1e-6
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
-    return torch.nn.functional.elu(x) + 1 if feature_map == "elu" else torch.relu(x)
-
-
-def linear_reference(q, k, v, feature_map: str) -> torch.Tensor:
-    """The formula in float64, linear in the token count."""
-    fq, fk = _phi(q.double(), feature_map), _phi(k.double(), feature_map)
-    state, z = fk.transpose(-2, -1) @ v.double(), fk.sum(-2)
-    return (fq @ state) / ((fq * z[..., None, :]).sum(-1, keepdim=True) + EPS)
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -51,7 +41,7 @@ def check(b, h, n, d, dv, dtype, feature_map="elu", layout="bhnd", std=1.0):
     out = fused_linear_attention(q, k, v, feature_map, impl="triton")
     assert out.dtype == dtype and out.shape == (b, h, n, dv) and torch.isfinite(out).all()
     refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-    ref = linear_reference(*refs, feature_map)
+    ref = kernel_ref_linear_time(*refs, feature_map, EPS)
     assert rel_err(out, ref) <= TOL[dtype], rel_err(out, ref)
     dout = torch.randn(out.shape, generator=torch.Generator(device=DEVICE).manual_seed(1), device=DEVICE)
     grads = torch.autograd.grad(out, (q, k, v), dout.to(dtype))

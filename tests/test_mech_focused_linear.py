@@ -18,12 +18,8 @@ def focused_ref(x, scale, p=3):
 
 def reference(layer, q, k, v, eps=1e-8):
     """A v + DWC(v), A_ij = phi(q_i).phi(k_j) / (sum_j phi(q_i).phi(k_j) + eps)."""
-    s, p = layer.phi.scale, layer.phi.power
-    fq, fk = focused_ref(q, s, p), focused_ref(k, s, p)
-    sim = fq @ fk.transpose(-2, -1)
-    a = sim / (sim.sum(-1, keepdim=True) + eps)
-    grid = layer.current_grid(q.shape[-2])
-    return a @ v.double() + dwc_ref(v, layer.dwc, grid, layer.num_prefix_tokens)
+    out, _ = kernel_ref(q, k, v, lambda x: focused_ref(x, layer.phi.scale, layer.phi.power), eps)
+    return out + dwc_ref(v, layer.dwc, layer.current_grid(q.shape[-2]), layer.num_prefix_tokens)
 
 
 def randomised(attn):

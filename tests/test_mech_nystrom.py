@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from vitzoo.attention import build_attention
 from vitzoo.attention.nystrom import iterative_pinv, nystrom_attention
 
-from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
+from attention_reference import module_out, module_qkv, single_thread, softmax_ref, softmax_rows  # noqa: F401
 from mech_checks import backward_at_both_resolutions, gradcheck_module
 
 DIM, HEADS, N = 16, 2, 13  # 13 tokens: 4 landmarks make segments of 4, 3, 3, 3
@@ -22,11 +22,6 @@ def build(seed=0, **options):
 
 
 # -- float64 reference -------------------------------------------------------------------------------
-def ref_softmax(logits):
-    e = torch.exp(logits - logits.amax(-1, keepdim=True))
-    return e / e.sum(-1, keepdim=True)
-
-
 def ref_landmarks(x, m):
     """Segment s holds tokens ceil(s n / m) .. ceil((s + 1) n / m) - 1; its landmark is their mean."""
     n = x.shape[-2]
@@ -51,9 +46,9 @@ def ref_nystrom(q, k, v, m, iterations=6, scale=None, landmark_scale=None, noise
     scale = scale or q.shape[-1] ** -0.5
     landmark_scale = landmark_scale or q.shape[-1] ** -0.5
     ql, kl = ref_landmarks(q, m), ref_landmarks(k, m)
-    f = ref_softmax(q @ kl.transpose(-2, -1) * landmark_scale + noise[0])
-    z = ref_pinv(ref_softmax(ql @ kl.transpose(-2, -1) * landmark_scale + noise[1]), iterations)
-    b = ref_softmax(ql @ k.transpose(-2, -1) * scale + noise[2])
+    f = softmax_rows(q @ kl.transpose(-2, -1) * landmark_scale + noise[0])
+    z = ref_pinv(softmax_rows(ql @ kl.transpose(-2, -1) * landmark_scale + noise[1]), iterations)
+    b = softmax_rows(ql @ k.transpose(-2, -1) * scale + noise[2])
     attn = f @ z @ b
     out = attn @ v
     if conv is not None:
