@@ -14,18 +14,19 @@ Two layers:
 """
 from __future__ import annotations
 
-import inspect
-from typing import Any, Dict, Mapping, Optional, Type, Union
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from vitzoo.kernels.feature_maps import FUSED_MAPS, elu_plus_one, feature_map, identity, relu, taylor  # noqa: F401
+from vitzoo.kernels.feature_maps import FUSED_MAPS, feature_map
+
+from .registry import Registry, Spec
 
 __all__ = ["FUSED_MAPS", "feature_map", "FeatureMap", "FeatureMapSpec", "register_feature_map",
            "list_feature_maps", "build_feature_map"]
 
-FeatureMapSpec = Union[str, Mapping[str, Any]]
+FeatureMapSpec = Spec
 
 
 class FeatureMap(nn.Module):
@@ -53,45 +54,14 @@ class FeatureMap(nn.Module):
         return f"fused={self.fused}, head_dim={self.head_dim}, feature_dim={self.feature_dim}"
 
 
-_REGISTRY: Dict[str, Type[FeatureMap]] = {}
-
-
-def register_feature_map(name: str):
-    """Class decorator: register a ``FeatureMap`` subclass under ``name``."""
-    def wrap(cls: Type[FeatureMap]):
-        if name in _REGISTRY:
-            raise ValueError(f"feature map {name!r} is registered twice")
-        _REGISTRY[name] = cls
-        return cls
-    return wrap
-
-
-def list_feature_maps() -> list:
-    """Sorted names of the feature maps a spec may name."""
-    return sorted(_REGISTRY)
-
-
-def _options(cls: Type[FeatureMap]) -> list:
-    return sorted(p.name for p in inspect.signature(cls.__init__).parameters.values()
-                  if p.kind is inspect.Parameter.KEYWORD_ONLY)
+_FEATURE_MAPS = Registry("feature_map", FeatureMap)
+register_feature_map = _FEATURE_MAPS.register
+list_feature_maps = _FEATURE_MAPS.names
 
 
 def build_feature_map(spec: FeatureMapSpec, head_dim: int, num_heads: int = 1) -> FeatureMap:
-    """The module for ``spec`` (a name or ``{"name": ..., options}``); unknown names and options are a
-    ValueError naming the valid ones."""
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif isinstance(spec, Mapping):
-        options = dict(spec)
-        name = options.pop("name", None)
-    else:
-        raise ValueError(f"feature_map must be a name or a mapping with a 'name', got {type(spec).__name__}")
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown feature_map {name!r}; choose one of {list_feature_maps()}")
-    cls = _REGISTRY[name]
-    unknown = sorted(set(options) - set(_options(cls)))
-    if unknown:
-        raise ValueError(f"feature_map {name!r} has no option(s) {unknown}; valid options: {_options(cls)}")
+    """The module for ``spec`` (a name or ``{"name": ..., options}``, parsed by ``Registry.resolve``)."""
+    cls, options = _FEATURE_MAPS.resolve(spec)
     return cls(head_dim, num_heads, **options)
 
 

@@ -1,73 +1,90 @@
-"""Name -> mechanism registry, and the one place an attention spec is parsed.
+"""Name registries for mechanisms and feature maps, and the one place a spec is parsed.
 
 A spec is a name (``"linear"``) or a mapping with a ``name`` and options
-(``{"name": "linear", "feature_map": "relu", "logit_noise": 0.1}``). A registered name may
-carry preset options (``taylor`` is ``LinearAttention`` with ``feature_map="taylor"``).
+(``{"name": "linear", "feature_map": "relu", "logit_noise": 0.1}``,
+``{"name": "hedgehog", "num_features": 32}``). A registered name may carry preset options
+(``taylor`` is ``LinearAttention`` with ``feature_map="taylor"``).
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Mapping, Tuple, Type, Union
+from typing import Any, Collection, Dict, Mapping, Tuple, Union
 
 from .base import ZooAttention
 
-__all__ = ["register_attention", "list_attentions", "resolve_attention", "attention_options",
+__all__ = ["Spec", "Registry", "register_attention", "list_attentions", "resolve_attention", "attention_options",
            "build_attention", "attention_layer", "AttentionSpec"]
 
-AttentionSpec = Union[str, Mapping[str, Any]]
-_REGISTRY: Dict[str, Tuple[Type[ZooAttention], Dict[str, Any]]] = {}
+Spec = Union[str, Mapping[str, Any]]  # a name, or a mapping with a "name" and options
+AttentionSpec = Spec
+
+
+class Registry:
+    """Names -> subclasses of ``base``, each with preset options; ``kind`` names the spec in error messages.
+
+    A spec may set the keyword-only arguments of the class's ``__init__`` and of its bases' up to ``base``,
+    except ``context`` (what the caller supplies, not the spec).
+    """
+
+    def __init__(self, kind: str, base: type, context: Collection[str] = ()):
+        self.kind, self.base, self.context = kind, base, frozenset(context)
+        self._entries: Dict[str, Tuple[type, Dict[str, Any]]] = {}
+
+    def register(self, name: str, **preset):
+        """Class decorator: register ``cls`` under ``name`` with preset options."""
+        def wrap(cls: type):
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._entries[name] = (cls, dict(preset))
+            return cls
+        return wrap
+
+    def names(self) -> list:
+        """Sorted registered names."""
+        return sorted(self._entries)
+
+    def options(self, cls: type) -> list:
+        """The options a spec may set for ``cls``."""
+        names = set()
+        for klass in cls.__mro__:
+            if klass is object or "__init__" not in vars(klass):
+                continue
+            for p in inspect.signature(klass.__init__).parameters.values():
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in self.context:
+                    names.add(p.name)
+            if klass is self.base:
+                break
+        return sorted(names)
+
+    def resolve(self, spec: Spec) -> Tuple[type, Dict[str, Any]]:
+        """(class, options) for a spec; a wrong type, a missing or unknown name and unknown options are a
+        ValueError naming the valid ones."""
+        if isinstance(spec, str):
+            name, options = spec, {}
+        elif isinstance(spec, Mapping):
+            options = dict(spec)
+            name = options.pop("name", None)
+            if name is None:
+                raise ValueError(f"{self.kind} spec {dict(spec)} has no 'name'; add name: one of {self.names()}")
+        else:
+            raise ValueError(f"{self.kind} must be a name or a mapping with a 'name', got {type(spec).__name__}")
+        if not isinstance(name, str) or name not in self._entries:
+            raise ValueError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
+        cls, preset = self._entries[name]
+        valid = self.options(cls)
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r} has no option(s) {unknown}; valid options: {valid}")
+        return cls, {**preset, **options}
+
+
 # Arguments the backbone supplies; they describe the model, not the mechanism.
-_CONTEXT_ARGS = {"num_tokens", "num_prefix_tokens", "grid_size", "dim_out", "device", "dtype"}
-
-
-def register_attention(name: str, **preset):
-    """Class decorator: register ``cls`` under ``name`` with preset options."""
-    def wrap(cls: Type[ZooAttention]):
-        if name in _REGISTRY:
-            raise ValueError(f"attention {name!r} is registered twice")
-        _REGISTRY[name] = (cls, dict(preset))
-        return cls
-    return wrap
-
-
-def list_attentions() -> list:
-    """Sorted names of all registered mechanisms."""
-    return sorted(_REGISTRY)
-
-
-def attention_options(cls: Type[ZooAttention]) -> list:
-    """The options a spec may set for ``cls`` (its keyword-only arguments and the shared ones)."""
-    names = set()
-    for klass in cls.__mro__:
-        if klass is object or "__init__" not in vars(klass):
-            continue
-        for p in inspect.signature(klass.__init__).parameters.values():
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _CONTEXT_ARGS:
-                names.add(p.name)
-        if klass is ZooAttention:
-            break
-    return sorted(names)
-
-
-def resolve_attention(spec: AttentionSpec) -> Tuple[Type[ZooAttention], Dict[str, Any]]:
-    """(class, options) for a spec; unknown names and options are a ValueError naming the valid ones."""
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif isinstance(spec, Mapping):
-        options = dict(spec)
-        name = options.pop("name", None)
-        if name is None:
-            raise ValueError(f"attention spec {dict(spec)} has no 'name'; add name: one of {list_attentions()}")
-    else:
-        raise ValueError(f"attention must be a name or a mapping with a 'name', got {type(spec).__name__}")
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown attention {name!r}; choose one of {list_attentions()}")
-    cls, preset = _REGISTRY[name]
-    valid = attention_options(cls)
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(f"attention {name!r} has no option(s) {unknown}; valid options: {valid}")
-    return cls, {**preset, **options}
+_ATTENTIONS = Registry("attention", ZooAttention,
+                       context=("num_tokens", "num_prefix_tokens", "grid_size", "dim_out", "device", "dtype"))
+register_attention = _ATTENTIONS.register
+list_attentions = _ATTENTIONS.names
+attention_options = _ATTENTIONS.options
+resolve_attention = _ATTENTIONS.resolve
 
 
 def build_attention(spec: AttentionSpec, dim: int, **layer_kwargs) -> ZooAttention:
