@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from zoo import resolve_data  # noqa: E402  (a sibling module: the zoo's tar.gz / folder handling)
+from zoo_data import resolve_data  # noqa: E402  (a sibling module: the zoo's tar.gz / folder handling)
 
 from vitzoo.data import ImageFolderDataModule  # noqa: E402
 from vitzoo.data.device_data import DeviceBatches  # noqa: E402

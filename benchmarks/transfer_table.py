@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-from zoo import BUDGETS, _run_logged, model_overrides, zoo_presets  # noqa: E402  (a sibling script module)
+from zoo import run_logged  # noqa: E402  (sibling script modules)
+from zoo_plan import BUDGETS, model_overrides, zoo_presets  # noqa: E402
 
 BUDGET = BUDGETS["cpu"]
 PHASES = ("teacher", "loaded", "stage1", "stage2", "robustness", "report")
@@ -56,7 +57,7 @@ def _train(run_dir: Path, args: List[str]) -> None:
         cmd.append(f"ckpt_path={last}")
     print(f"[train] {run_dir} ...", flush=True)
     start = time.time()
-    _run_logged(cmd, run_dir.parent / f"{run_dir.name}.harness.log")
+    run_logged(cmd, run_dir.parent / f"{run_dir.name}.harness.log")
     wall = run_dir / "wall_s.json"
     spent = json.loads(wall.read_text())["wall_s"] if wall.is_file() else 0.0
     wall.write_text(json.dumps({"wall_s": spent + time.time() - start}))
@@ -122,7 +123,7 @@ def evaluate_robustness(label: str, run: Path, data: Path) -> None:
     print(f"[robustness] {label} ...", flush=True)
     shutil.rmtree(out, ignore_errors=True)  # an interrupted eval.py leaves no record to resume from
     start = time.time()
-    _run_logged(cmd, out.parent / "robustness.harness.log")
+    run_logged(cmd, out.parent / "robustness.harness.log")
     (out / "wall_s.json").write_text(json.dumps({"wall_s": time.time() - start}))
     print(f"[robustness] {label}: {time.time() - start:.0f} s", flush=True)
 
