@@ -6,7 +6,7 @@ reference every path is tested against. ``auto`` takes Triton for CUDA tensors w
 and the feature map and head dims are ones the kernels serve (the maps with a kernel number in
 ``feature_maps.KERNEL_MAPS``), the torch path otherwise (e.g. ``taylor`` on CUDA). The feature maps
 by name are the table of ``feature_maps``; this package imports nothing else of vitzoo, and its
-modules import one way: this entry -> ops -> the paths -> feature_maps, availability.
+modules import one way: this entry -> ops -> the paths -> feature_maps, dtypes, availability.
 """
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     automatic: ~1 MiB buffers of all slices in torch ops, 256 rows of each slice in the CPU kernel) and
     ``use_kernel`` (None: the compiled CPU kernel where it serves the inputs, float32 / float64 CPU
     tensors and a map of ``KERNEL_MAPS``, torch ops otherwise; True insists on the kernel, False on torch
-    ops). Empty inputs (no tokens, heads or channels) take the torch path whatever ``impl``; with no keys
-    the output is zeros (S = 0, z = 0).
+    ops); a call that runs the Triton kernels refuses them rather than ignore them. Empty inputs (no tokens,
+    heads or channels) take the torch path whatever ``impl``; with no keys the output is zeros (S = 0, z = 0).
     """
     if impl not in FUSED_IMPLS:
         hint = " (the eager formula is vitzoo.attention.functional.linear_attention(impl='eager'))" \
@@ -70,6 +70,10 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch
         refusal = _triton_refusal(q, v, feature_map)
         if refusal is None and (impl == "triton" or q.is_cuda):
+            options = [name for name, value in (("chunk", chunk), ("use_kernel", use_kernel)) if value is not None]
+            if options:
+                raise ValueError(f"the torch path's {' and '.join(options)} would be ignored: impl={impl!r} runs the "
+                                 "Triton kernels for these inputs; pass impl='torch' to use them, or leave them None")
             return fused_linear(q, k, v, feature_map, eps, "triton")
         if impl == "triton":
             raise ValueError(f"impl='triton' cannot run here: {refusal}; use impl='torch' or 'auto'")

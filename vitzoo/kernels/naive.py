@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from .dtypes import sum_dtype
 from .feature_maps import feature_map as _value
 
 __all__ = ["naive_linear_attention"]
-
-
-def _acc(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def naive_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "identity",
@@ -23,7 +20,8 @@ def naive_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
 
     ``feature_map`` names a fused map (``identity``: q and k are features already)."""
     phi = _value(feature_map)
-    fq, fk, vf = phi(_acc(q)), phi(_acc(k)), _acc(v)
+    wide = sum_dtype(q.dtype)
+    fq, fk, vf = phi(q.to(wide)), phi(k.to(wide)), v.to(wide)
     if causal:
         # S_i = sum_{j<=i} phi(k_j)^T v_j as a cumulative sum of outer products (n*d^2 memory).
         state = torch.cumsum(fk.unsqueeze(-1) * vf.unsqueeze(-2), dim=-3)

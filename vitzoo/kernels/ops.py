@@ -7,7 +7,7 @@ S (B*H, F, Dv) and z (B*H, F) are the state, saved for backward, not differentia
 - a fake implementation (shapes and dtypes only), so tracers and compilers never run the kernels;
 - autograd with the analytic backward, itself the op ``vitzoo::linear_attention_backward``; under
   ``create_graph=True`` (a gradient penalty, ``torch.func.grad``) backward differentiates the naive
-  formula instead (``eager_grads``): same values, the naive formula's memory;
+  formula instead (``_eager_grads``): same values, the naive formula's memory;
 - vmap: the mapped dim is folded into the batch, so one call serves every sample.
 
 ``fused_linear`` is the entry the paths call: the op behind an autograd Function sharing that formula,
@@ -20,11 +20,12 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .dtypes import sum_dtype
 from .feature_maps import FUSED_MAPS
 from .naive import naive_linear_attention
 from .torch_linear import torch_backward, torch_forward
 
-__all__ = ["fused_linear", "linear_attention_op", "linear_attention_backward_op", "eager_grads"]
+__all__ = ["fused_linear"]  # the registered ops themselves: torch.ops.vitzoo.linear_attention(_backward)
 
 
 @torch.library.custom_op("vitzoo::linear_attention", mutates_args=())
@@ -41,10 +42,10 @@ def linear_attention_op(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: 
 
 @linear_attention_op.register_fake
 def _(q, k, v, feature_map, eps, impl, chunk, use_kernel):
-    width, acc = q.shape[-1] + FUSED_MAPS[feature_map].extra, torch.promote_types(q.dtype, torch.float32)
+    width, wide = q.shape[-1] + FUSED_MAPS[feature_map].extra, sum_dtype(q.dtype)
     bh = q.shape[0] * q.shape[1]
-    return (v.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty(bh, width, v.shape[-1], dtype=acc),
-            q.new_empty(bh, width, dtype=acc))
+    return (v.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty(bh, width, v.shape[-1], dtype=wide),
+            q.new_empty(bh, width, dtype=wide))
 
 
 @torch.library.custom_op("vitzoo::linear_attention_backward", mutates_args=())
@@ -67,7 +68,7 @@ def _(dout, q, k, v, S, z, feature_map, eps, impl, chunk, use_kernel, needs):
                  for x, need in zip((q, k, v), needs))
 
 
-def eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bool]):
+def _eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bool]):
     """(dq, dk, dv) of the naive formula at (q, k, v) for ``dout``, recorded for a further backward
     (None where ``needs`` is False). Called from backward with grad mode on."""
     q, k, v = (x.view_as(x) for x in (q, k, v))  # one node per role: q, k, v may be one tensor (self-attention)
@@ -89,7 +90,7 @@ def _backward(ctx, dout, _dS, _dz):
     q, k, v, S, z = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:3])
     if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-        grads = eager_grads(q, k, v, dout, *ctx.options[:2], needs)
+        grads = _eager_grads(q, k, v, dout, *ctx.options[:2], needs)
     else:
         found = linear_attention_backward_op(dout, q, k, v, S, z, *ctx.options, needs)
         grads = tuple(g if need else None for g, need in zip(found, needs))

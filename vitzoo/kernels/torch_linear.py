@@ -28,6 +28,7 @@ import torch
 
 from ._threads import single_threaded_pool
 from .cpu_kernel import cpu_kernel
+from .dtypes import sum_dtype
 from .feature_maps import FUSED_MAPS, KERNEL_MAPS, FusedMap
 
 __all__ = ["torch_forward", "torch_backward", "check_inputs", "chunk_tokens"]
@@ -68,13 +69,8 @@ class _Scratch:
         return flat[:numel].view(shape)
 
 
-def _acc(x: torch.Tensor) -> torch.dtype:
-    """The accumulation dtype: fp32 for fp32/bf16/fp16 inputs, fp64 for fp64 (gradcheck)."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
 def _rows(x: torch.Tensor, s: int, e: int, buf: _Scratch, name: str) -> torch.Tensor:
-    """Tokens s:e of a (B, H, N, D) tensor as (B*H, e-s, D) in the accumulation dtype with contiguous
+    """Tokens s:e of a (B, H, N, D) tensor as (B*H, e-s, D) in ``sum_dtype`` with contiguous
     rows: a view when the layout and dtype allow, else a copy into scratch."""
     part = x[:, :, s:e]
     rows_contiguous = part.shape[-1] <= 1 or part.stride(-1) == 1
@@ -136,7 +132,7 @@ def _chunked(step):
     chunks of ``self.chunk`` tokens sharing one scratch, their partial sums added in order."""
     def walk(self, *args):
         *tensors, lo, hi = args
-        buf = _Scratch(_acc(tensors[0]), tensors[0].device)
+        buf = _Scratch(sum_dtype(tensors[0].dtype), tensors[0].device)
         return _total(step(self, *tensors, s, e, buf) for s, e in _spans(lo, hi, self.chunk))
 
     return walk
