@@ -30,6 +30,7 @@ def _zoo(*args):
                           text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     _jpeg_tree(tmp_path / "data")
     work, out = tmp_path / "work", tmp_path / "report"
