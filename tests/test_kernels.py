@@ -503,6 +503,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not triton_available(), reason="triton does not import here")
 def test_triton_kernels_under_the_interpreter():
     """Forward and backward Triton kernels (elu, relu, identity) in fp32 vs the float64 reference, on TRITON_CASES."""
