@@ -72,7 +72,7 @@ def test_attention_options_reach_every_layer():
                                 **{**small("vit_small"), "depth": 2})
     layers = [b.attn for b in model.blocks]
     assert len(layers) == 2 and all(isinstance(m, LinearAttention) for m in layers)
-    assert all(m.phi.fused == "relu" and m.heads == "projected" and m.head_dim == 5 and m.num_heads == 6 for m in layers)
+    assert all(m.phi.fused_map == "relu" and m.heads == "projected" and m.head_dim == 5 and m.num_heads == 6 for m in layers)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
     default = vitzoo.create_model("vit_tiny", **small("vit_tiny"))
     assert isinstance(default.blocks[0].attn, SoftmaxAttention)

@@ -9,7 +9,7 @@ Two layers:
   that phi(q) . phi(k) = 1 + cos(q, k), docs/mechanisms.md).
 - ``FeatureMap`` modules built from a spec: a name (``"elu"``) or a mapping with options
   (``{"name": "performer", "num_features": 256}``). A module may hold parameters or buffers.
-  One whose ``fused`` names an entry of ``FUSED_MAPS`` runs fully fused; any other computes
+  One whose ``fused_map`` names an entry of ``FUSED_MAPS`` runs fully fused; any other computes
   its features here and the kernels take them as they are (``identity``), still in O(n).
 """
 from __future__ import annotations
@@ -32,12 +32,12 @@ FeatureMapSpec = Spec
 class FeatureMap(nn.Module):
     """phi: (B, H, N, head_dim) -> (B, H, N, feature_dim), fp32 or wider, non-negative.
 
-    ``fused`` names the entry of ``FUSED_MAPS`` this module is (the kernels then apply it
-    themselves); a module with ``fused = None`` computes features in ``forward``. ``is_query``
+    ``fused_map`` names the entry of ``FUSED_MAPS`` this module is (the kernels then apply it
+    themselves); a module with ``fused_map = None`` computes features in ``forward``. ``is_query``
     lets a map treat queries and keys differently (Performer's stabilisers).
     """
 
-    fused: Optional[str] = None
+    fused_map: Optional[str] = None
 
     def __init__(self, head_dim: int, num_heads: int = 1):
         super().__init__()
@@ -48,10 +48,10 @@ class FeatureMap(nn.Module):
         return self.head_dim
 
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
-        return feature_map(self.fused)(x.to(torch.promote_types(x.dtype, torch.float32)))
+        return feature_map(self.fused_map)(x.to(torch.promote_types(x.dtype, torch.float32)))
 
     def extra_repr(self) -> str:
-        return f"fused={self.fused}, head_dim={self.head_dim}, feature_dim={self.feature_dim}"
+        return f"fused_map={self.fused_map}, head_dim={self.head_dim}, feature_dim={self.feature_dim}"
 
 
 _FEATURE_MAPS = Registry("feature_map", FeatureMap)
@@ -68,19 +68,19 @@ def build_feature_map(spec: FeatureMapSpec, head_dim: int, num_heads: int = 1) -
 @register_feature_map("elu")
 class EluFeatureMap(FeatureMap):
     """elu(x) + 1."""
-    fused = "elu"
+    fused_map = "elu"
 
 
 @register_feature_map("relu")
 class ReluFeatureMap(FeatureMap):
     """relu(x)."""
-    fused = "relu"
+    fused_map = "relu"
 
 
 @register_feature_map("taylor")
 class TaylorFeatureMap(FeatureMap):
     """[1, x / |x|]: phi(q) . phi(k) = 1 + cos(q, k)."""
-    fused = "taylor"
+    fused_map = "taylor"
 
     @property
     def feature_dim(self) -> int:

@@ -33,8 +33,8 @@ class LinearAttention(ZooAttention):
 
     def features(self, q, k):
         """(q, k, name): the raw q, k and the fused map's name, or precomputed features and ``identity``."""
-        if self.phi.fused is not None:
-            return q, k, self.phi.fused
+        if self.phi.fused_map is not None:
+            return q, k, self.phi.fused_map
         return self.phi(q, is_query=True), self.phi(k, is_query=False), "identity"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
