@@ -15,8 +15,9 @@ Phases (``--phases``, default all, each skips what is already done, so a stopped
   ``torch.utils.flop_counter`` on the eager twins, so the attention matmuls are seen), training
   img/s (forward, backward, AdamW step on a batch of the recipe's size) and the peak resident
   memory of those steps above the process's baseline.
-* ``eval``: one ``eval.py`` call over all final checkpoints (``last.ckpt``): clean accuracy,
-  Gaussian noise severities 1-5, the attention-logit noise sweep, the resolution sweep.
+* ``eval``: one ``eval.py`` call over all final checkpoints (``last.ckpt``) with ``robustness=zoo``: clean
+  accuracy, the 15 benchmark corruptions at severities 1-5, PGD L-inf 2/255, the attention-logit noise sweep, the
+  resolution sweep. An eval whose recorded sweep is not the config's (an older harness) is run again.
 * ``report``: one result file per finished run into ``--out``/per-run (see zoo_results.py), plus the files
   ``--merge`` names (other calls' or machines' runs); then ``results.md`` (table), ``results.csv`` and the plots
   into ``--out``, drawn from every result file in per-run/.
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Sequence, Set, Tuple
 
 import zoo_plots
 import zoo_results
@@ -81,15 +82,34 @@ def train(runs: List[Run], budget: Budget, data_root: Path, overrides: Sequence[
         print(f"[train {i}/{len(runs)}] {run.name}: {time.time() - start:.0f} s", flush=True)
 
 
+SWEEP_LISTS = ("corruptions", "severities", "logit_noise", "resolutions", "adversarial")  # what a zoo eval measures
+
+
+def wanted_sweep(budget: Budget) -> dict:
+    """The lists of the budget's robustness config (``configs/robustness/<name>.yaml`` over its defaults), numbers
+    as floats, as eval.py would run them."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        rob = compose("eval", overrides=[f"robustness={budget.robustness}"]).robustness
+    return {k: _as_floats(rob[k]) for k in SWEEP_LISTS}
+
+
+def _as_floats(values) -> list:
+    return [v if isinstance(v, str) else float(v) for v in values]
+
+
 def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Path:
-    """One eval.py call over every run's last.ckpt (labels ``<preset>_s<seed>``), into ``work/eval``."""
+    """One eval.py call over every run's last.ckpt (labels ``<preset>_s<seed>``), into ``work/eval``; done where
+    that folder holds an eval of these runs with the sweep the budget's config asks for."""
     from omegaconf import OmegaConf
 
     out = work / "eval"
     ready = [r for r in runs if (r.dir / "metrics.json").is_file()]  # finished runs only
     if (out / "robustness.json").is_file():
-        done = set(json.loads((out / "robustness.json").read_text())["checkpoints"])
-        if done == {r.eval_key for r in ready}:
+        done = json.loads((out / "robustness.json").read_text())
+        swept = {k: _as_floats(done["sweep"].get(k, [])) for k in SWEEP_LISTS}
+        if set(done["checkpoints"]) == {r.eval_key for r in ready} and swept == wanted_sweep(budget):
             print("[eval] done", flush=True)
             return out
     if not ready:
@@ -123,7 +143,7 @@ def collect(runs: List[Run], budget_name: str, budget: Budget, work: Path, overr
                                                       work / "eval" / "robustness.json") if p.is_file())
         robustness = next((e for e in evals if run.eval_key in e["checkpoints"]), {})
         ckpt = robustness.get("checkpoints", {}).get(run.eval_key)
-        records = {"sweep": robustness["sweep"], "img_size": ckpt["img_size"],
+        records = {"sweep": robustness["sweep"], "img_size": ckpt["img_size"], "protocol": ckpt.get("protocol"),
                    "records": [r for r in robustness["records"] if r["checkpoint"] == run.eval_key]} if ckpt else None
         out.append((run.dir, zoo_results.build(
             budget_name, run.label, run.preset, run.seed, budget.experiment, overrides,
@@ -131,16 +151,17 @@ def collect(runs: List[Run], budget_name: str, budget: Budget, work: Path, overr
     return out
 
 
-def report(results: List[dict], budget_name: str, budget: Budget, out: Path, command: str) -> Path:
-    """results.md + results.csv + plots into ``out``, from the result files of every run in ``out/per-run``."""
+def report(results: List[dict], budget_name: str, budget: Budget, out: Path, command: str,
+           checkpoints: Set[Tuple[str, int]]) -> Path:
+    """results.md + results.csv + plots into ``out``, from the result files of every run in ``out/per-run``;
+    ``checkpoints``: the (preset, seed) whose checkpoint is in the work dir (what a cell not measured can say)."""
     if not results:
         raise SystemExit("nothing to report yet; run the train phase first, or --merge result files")
     results = sorted(results, key=zoo_table.order)
-    curves = [r for r in results if (r["robustness"] or {}).get("records")]
     out.mkdir(parents=True, exist_ok=True)
-    zoo_table.write_csv(results, out / "results.csv")
-    zoo_plots.draw(results, curves, budget, out)
-    zoo_table.write_markdown(results, budget_name, budget, command, curves, out / "results.md")
+    zoo_table.write_csv(results, checkpoints, out / "results.csv")
+    drawn = zoo_plots.draw(results, zoo_table.with_records(results), budget, out)
+    zoo_table.write_markdown(results, budget_name, budget, command, checkpoints, drawn, out / "results.md")
     print(f"[report] {out / 'results.md'}", flush=True)
     return out
 
@@ -212,7 +233,8 @@ def main(argv=None) -> None:
             for line in lines:
                 print(f"[report] {line}", flush=True)
             command = f"python benchmarks/zoo.py --budget {args.budget} --phases report"
-            report(zoo_results.load_all(per_run, args.budget), args.budget, budget, out, command)
+            checkpoints = {(run.preset, run.seed) for run in runs if run.last_ckpt.is_file()}
+            report(zoo_results.load_all(per_run, args.budget), args.budget, budget, out, command, checkpoints)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from zoo_plan import CIFAR10_TRAIN_IMAGES, Budget, val_images
 from zoo_table import by_preset, mean
 
 SUMMARY_KEYS = ("val acc", "gauss sev1-5", "logit sigma=1", "2x res")
-CURVES = ("corruptions", "logit_noise", "resolution")  # eval.py's plots, one PNG each
+CURVES = ("corruptions", "logit_noise", "resolution", "adversarial")  # eval.py's plots, one PNG each
 
 
 def _images(result: dict, key: str, val: int, eval_images: Optional[int]) -> int:
@@ -70,9 +70,10 @@ def summary_figure(rows: Dict[str, List[dict]], data: str, val: int, eval_images
     return fig
 
 
-def draw(results: List[dict], curves: List[dict], budget: Budget, out: Path) -> None:
-    """summary.png from every result, and eval.py's curves (corruptions, logit noise, resolution) of the runs in
-    ``curves`` (those with eval records) into ``out``, replacing the ones there."""
+def draw(results: List[dict], curves: List[dict], budget: Budget, out: Path) -> List[str]:
+    """summary.png from every result, and eval.py's curves (corruptions, logit noise, resolution, adversarial) of the
+    runs in ``curves`` (those with eval records) into ``out``, replacing the ones there; returns the curves' file
+    names."""
     import matplotlib.pyplot as plt
 
     from vitzoo.robustness.plots import plot_results
@@ -81,8 +82,9 @@ def draw(results: List[dict], curves: List[dict], budget: Budget, out: Path) -> 
         (out / f"{name}.png").unlink(missing_ok=True)
     data = f"CIFAR-10 val split ({budget.experiment})"
     records = [rec for r in curves for rec in r["robustness"]["records"]]
-    plot_results(records, out, {rec["checkpoint"]: r["robustness"]["img_size"]
-                                for r in curves for rec in r["robustness"]["records"]}, data)
+    drawn = plot_results(records, out, {rec["checkpoint"]: r["robustness"]["img_size"]
+                                        for r in curves for rec in r["robustness"]["records"]}, data)
     fig = summary_figure(by_preset(results), data, val_images(budget), budget.eval_images)
     fig.savefig(out / "summary.png", dpi=110)
     plt.close(fig)
+    return [path.name for path in drawn]

@@ -7,7 +7,7 @@ A result file (``<out>/per-run/<preset>-s<seed>.json``) holds everything the tab
      "row": {"val acc": ..., "gauss sev1-5": ..., ...},  # the table's numbers (see ROW_KEYS)
      "metrics": {...},                                   # train.py's metrics.json (accuracy, entropy per layer)
      "profile": {...},                                   # params, FLOPs, img/s, peak memory, torch, hardware
-     "robustness": {"sweep": {...}, "img_size": 32, "records": [...]}}   # eval.py's records for this run
+     "robustness": {"sweep": {...}, "img_size": 32, "protocol": "cifar", "records": [...]}}   # eval.py's, this run's
 
 Files converted from the table of an earlier harness version carry ``row`` but no ``robustness`` records (their
 sweep curves were not kept); the table shows them, the plots cannot.
@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 FORMAT = 1
+CORRUPTION_15X5, PGD_2 = "mean corruption accuracy (15x5)", "PGD L-inf 2/255"
+PGD_CHECK = "PGD attack check"  # eval.py's guard against a silently broken attack: "ok" or what failed
 ROW_KEYS = ("params", "MFLOPs/img", "train img/s", "peak train MB", "val acc", "gauss sev1-5", "logit sigma=1",
-            "2x res", "entropy init", "entropy end", "entropy 2x res", "eval clean acc", "torch")
+            "2x res", CORRUPTION_15X5, PGD_2, "entropy init", "entropy end", "entropy 2x res", "eval clean acc",
+            "torch", PGD_CHECK)
 
 
 def file_name(preset: str, seed: int) -> str:
@@ -35,9 +38,24 @@ def _layer_mean(metrics: dict, prefix: str) -> Optional[float]:
     return _mean([v for k, v in metrics.items() if k.startswith(prefix)])
 
 
+def eval_summary(robustness: Optional[dict]) -> Dict[str, object]:
+    """eval.py's summary of one run's records (``vitzoo.robustness.report.summarize``, with the published
+    corruption means where the result file names the protocol); {} for a run without records."""
+    records = (robustness or {}).get("records")
+    if not records:
+        return {}
+    from vitzoo.robustness.report import summarize
+
+    label, protocol = records[0]["checkpoint"], robustness.get("protocol")
+    return summarize(records, None, {label: protocol} if protocol else None)[label]
+
+
 def table_row(metrics: dict, profile: dict, robustness: Optional[dict]) -> Dict[str, object]:
-    """The table's numbers of one run (None where a phase has not produced them)."""
+    """The table's numbers of one run (None where a phase has not produced them; PGD also where its attack
+    check failed)."""
     records = (robustness or {}).get("records", [])
+    summary = eval_summary(robustness)
+    check = summary.get("attack_check")
 
     def acc(test: str, level=None) -> List[float]:
         return [r["acc1"] for r in records if r["test"] == test and (level is None or r["level"] == level)]
@@ -51,6 +69,8 @@ def table_row(metrics: dict, profile: dict, robustness: Optional[dict]) -> Dict[
         "train img/s": profile.get("train_img_per_s"), "peak train MB": profile.get("peak_train_mb"),
         "val acc": metrics["val/acc1"], "gauss sev1-5": _mean(acc("gaussian_noise")),
         "logit sigma=1": next(iter(acc("logit_noise", 1)), None), "2x res": res2[0]["acc1"] if res2 else None,
+        CORRUPTION_15X5: summary.get("published", {}).get("mean_corruption_acc1"),
+        PGD_2: summary.get("pgd_linf_acc1", {}).get("2/255") if check == "ok" else None, PGD_CHECK: check,
         "entropy init": _layer_mean(metrics, "entropy_init/"), "entropy end": _layer_mean(metrics, "entropy/"),
         "entropy 2x res": res2[0].get("entropy") if res2 else None,
         "eval clean acc": clean[0]["acc1"] if clean else None, "torch": profile.get("torch"),

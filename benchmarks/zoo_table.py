@@ -4,14 +4,19 @@ from __future__ import annotations
 import csv
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import zoo_results
 from zoo_plan import PRESETS, ROOT, Budget, recipe_path
+from zoo_results import CORRUPTION_15X5, PGD_2, PGD_CHECK
 
 COLUMNS = ("mechanism", "preset", "seeds", "params", "MFLOPs/img", "train img/s", "peak train MB", "val acc",
-           "gauss sev1-5", "logit sigma=1", "2x res", "entropy init", "entropy end", "entropy 2x res")
-CSV_ONLY = ("eval clean acc", "torch", "hardware")  # in results.csv, not in the table
+           "gauss sev1-5", "logit sigma=1", "2x res", CORRUPTION_15X5, PGD_2, "entropy init", "entropy end",
+           "entropy 2x res")
+CSV_ONLY = ("eval clean acc", "torch", "hardware", PGD_CHECK)  # in results.csv, not in the table
+SAYS_WHY = (CORRUPTION_15X5, PGD_2)  # columns whose missing value names its reason (in the table and the CSV)
+NO_CHECKPOINT, EVAL_PENDING = "not run: no checkpoint", "not run: eval phase pending"
+Checkpoints = Set[Tuple[str, int]]  # (preset, seed) of the runs whose checkpoint is in the work dir
 
 
 def mean(values: Sequence[float]) -> float:
@@ -23,6 +28,20 @@ def order(result: dict) -> tuple:
     presets = [preset for _, preset in PRESETS]
     return (presets.index(result["preset"]) if result["preset"] in presets else len(presets), result["preset"],
             result["seed"])
+
+
+def with_records(results: List[dict]) -> List[dict]:
+    """The results that hold eval records (those the sweep curves are drawn from)."""
+    return [r for r in results if (r["robustness"] or {}).get("records")]
+
+
+def why_missing(result: dict, key: str, checkpoints: Checkpoints) -> str:
+    """What a ``SAYS_WHY`` cell without a value says: the attack check that failed, or that the test did not run
+    and whether the checkpoint to run it on is in the work dir."""
+    check = result["row"].get(PGD_CHECK)
+    if key == PGD_2 and check not in (None, "ok"):
+        return f"attack check {check}"
+    return EVAL_PENDING if (result["preset"], result["seed"]) in checkpoints else NO_CHECKPOINT
 
 
 def by_preset(results: List[dict]) -> Dict[str, List[dict]]:
@@ -60,29 +79,39 @@ def _provenance(results: List[dict]) -> str:
     return "; ".join(f"{where} for {', '.join(names)}" for where, names in groups.items())
 
 
-def write_csv(results: List[dict], path: Path) -> None:
-    """One line per run: every table number unformatted, plus ``CSV_ONLY``."""
+def write_csv(results: List[dict], checkpoints: Checkpoints, path: Path) -> None:
+    """One line per run: every table number unformatted (a ``SAYS_WHY`` cell without one: why), plus ``CSV_ONLY``."""
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["mechanism", "preset", "seed", *COLUMNS[3:], *CSV_ONLY])
         for r in results:
             cells = {**r["row"], "hardware": r["profile"].get("hardware")}
+            cells.update({k: why_missing(r, k, checkpoints) for k in SAYS_WHY if cells.get(k) is None})
             writer.writerow([r["label"], r["preset"], r["seed"], *[cells.get(k) for k in (*COLUMNS[3:], *CSV_ONLY)]])
 
 
-def _table(rows: Dict[str, List[dict]]) -> List[str]:
+def _cell(key: str, preset_rows: List[dict], checkpoints: Checkpoints) -> str:
+    values = [r["row"].get(key) for r in preset_rows]
+    if key in SAYS_WHY and all(v is None for v in values):
+        return why_missing(preset_rows[0], key, checkpoints)
+    return _fmt(key, values)
+
+
+def _table(rows: Dict[str, List[dict]], checkpoints: Checkpoints) -> List[str]:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for preset, preset_rows in rows.items():
         cells = [preset_rows[0]["label"], f"`{preset}`", ",".join(str(r["seed"]) for r in preset_rows)]
-        cells += [_fmt(k, [r["row"][k] for r in preset_rows]) for k in COLUMNS[3:]]
+        cells += [_cell(k, preset_rows, checkpoints) for k in COLUMNS[3:]]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def write_markdown(results: List[dict], budget_name: str, budget: Budget, command: str, curves: List[dict],
-                   path: Path) -> None:
-    """results.md: what the runs are and how each column was measured, the table, and the plots (the sweep
-    curves only where ``curves``, the runs with eval records, is not empty)."""
+def write_markdown(results: List[dict], budget_name: str, budget: Budget, command: str, checkpoints: Checkpoints,
+                   drawn: List[str], path: Path) -> None:
+    """results.md: what the runs are and how each column was measured, the table, a note on the cells that were
+    not measured, and the plots (``drawn``: the sweep curves' files)."""
+    curves = with_records(results)
+    table = _table(by_preset(results), checkpoints)
     exp = recipe_path(budget).relative_to(ROOT)
     batches = sorted({r["profile"]["batch_size"] for r in results if "batch_size" in r["profile"]})
     batch = "batch " + " / ".join(map(str, batches)) if batches else "batch size not recorded"
@@ -100,17 +129,30 @@ def write_markdown(results: List[dict], budget_name: str, budget: Budget, comman
         f"{budget.eval_images or 'all'} val images (Gaussian noise severities {sweep.get('severities')}, protocol "
         f"{sweep.get('protocol') or 'by size'}; logit-noise sigma in {sweep.get('logit_noise')}; inputs at "
         f"{sweep.get('resolutions')} x the training size). Accuracies in %, one value per seed.",
+        f"{CORRUPTION_15X5}: top-1 over the 15 CIFAR-10-C corruptions x severities 1-5 (RobustBench's corruption "
+        f"number; eval.py's `published.mean_corruption_acc1`); {PGD_2}: top-1 under PGD-10 at eps 2/255 of the "
+        "[0, 1] image (step 2.5 eps / 10, random start; FGSM beside it checks the attack), both on the same images.",
         f"Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, {batch}) / peak "
         "memory (on a GPU: torch's max allocated under bf16 autocast; on the CPU: resident set above the process "
         "baseline, fp32) during those steps come from the profile phase, run one "
         "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
         "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
         "eval images at twice the training size.", "",
-        *_table(by_preset(results)), "",
-        "![summary](summary.png)", "",
+        *table, "",
     ]
+    not_run = [status for status in (NO_CHECKPOINT, EVAL_PENDING) if any(status in line for line in table)]
+    if NO_CHECKPOINT in not_run:
+        text += [f"`{NO_CHECKPOINT}`: the run's result file holds no records of these tests (its eval sweep did "
+                 "not include them) and its checkpoint is not in the work dir (result files are kept, "
+                 "checkpoints are not), so only training the run again can measure them.", ""]
+    if EVAL_PENDING in not_run:
+        text += [f"`{EVAL_PENDING}`: the run's checkpoint is in the work dir, but its eval records lack these tests: "
+                 "`--phases eval,report` measures them.", ""]
+    text += ["![summary](summary.png)", ""]
     if curves:
-        text += ["![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)", ""]
+        adversarial = " ![adversarial](adversarial.png)" if "adversarial.png" in drawn else ""
+        text += ["![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)"
+                 + adversarial, ""]
     if no_curves:
         text += [f"No sweep curves for {', '.join(no_curves)}: converted from the table of an earlier harness "
                  "version, which kept the numbers but not the sweep records.", ""]

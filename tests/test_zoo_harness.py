@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from conftest import ROOT
+from vitzoo.robustness.mce import BENCHMARK
+from zoo_plan import BUDGETS
+from zoo_results import CORRUPTION_15X5, PGD_2, PGD_CHECK
 
 CLASSES = [f"c{i}" for i in range(10)]
 
@@ -30,6 +33,7 @@ def _zoo(*args):
                           text=True, timeout=900)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     _jpeg_tree(tmp_path / "data")
@@ -67,6 +71,10 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
         assert largest == 2 * saved["robustness"]["img_size"]
         assert float(row["2x res"]) == pytest.approx(
             next(r["acc1"] for r in records if r["test"] == "resolution" and r["level"] == largest))
+        corrupted = [r["acc1"] for r in records if r["test"] in BENCHMARK]
+        assert len(corrupted) == 75 and float(row[CORRUPTION_15X5]) == pytest.approx(sum(corrupted) / 75)
+        pgd = next(r for r in records if r["test"] == "pgd_linf")
+        assert pgd["level"] == 2 and float(row[PGD_2]) == pytest.approx(pgd["acc1"]) and row[PGD_CHECK] == "ok"
 
     # Another call (another machine: its own work and out dirs) trains one more preset; its result files merge into
     # the first table, which then holds every row and draws every run's curves.
@@ -102,3 +110,54 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
                    "--merge", tmp_path / "other.json")
     assert refused.returncode != 0 and "report it into another --out" in refused.stderr
     assert sorted(p.read_text() for p in (out / "per-run").iterdir()) == before
+
+
+def _evaluated(preset, seed, corrupted, pgd, fgsm):
+    """A result file whose eval records hold the 15 corruptions x 5 severities (accuracy ``corrupted(c, s)``) and
+    PGD / FGSM at 2/255, as the zoo's eval phase writes them."""
+    import zoo_results
+
+    key, rec = f"{preset}_s{seed}", {"num_images": 100}
+    records = [{**rec, "checkpoint": key, "test": "clean", "level": 0, "acc1": 0.6}]
+    records += [{**rec, "checkpoint": key, "test": c, "level": s, "acc1": corrupted(i, s)}
+                for i, c in enumerate(BENCHMARK) for s in range(1, 6)]
+    records.append({**rec, "checkpoint": key, "test": "pgd_linf", "level": 2.0, "acc1": pgd, "fgsm_acc1": fgsm})
+    return zoo_results.build("cpu", preset, preset, seed, "zoo_cpu", [], {"val/acc1": 0.6}, {},
+                             {"sweep": {}, "img_size": 32, "protocol": "cifar", "records": records})
+
+
+def test_table_takes_15x5_and_pgd_from_the_records_and_says_why_a_cell_is_empty(tmp_path):
+    import zoo_results
+    import zoo_table
+
+    good = _evaluated("vit_softmax", 0, lambda i, s: 0.5 - 0.01 * i - 0.02 * s, pgd=0.2, fgsm=0.3)
+    # mean over 15 x 5 of 0.5 - 0.01 i - 0.02 s = 0.5 - 0.01 * 7 - 0.02 * 3
+    assert good["row"][CORRUPTION_15X5] == pytest.approx(0.37) and good["row"][PGD_2] == 0.2
+    broken = _evaluated("vit_linear", 0, lambda i, s: 0.4, pgd=0.5, fgsm=0.3)  # PGD above FGSM: a broken attack
+    assert broken["row"][PGD_2] is None and broken["row"][PGD_CHECK].startswith("failed: PGD above FGSM")
+    assert broken["row"][CORRUPTION_15X5] == pytest.approx(0.4)
+    old = zoo_results.build("cpu", "agent", "vit_agent", 0, "zoo_cpu", [], {"val/acc1": 0.5}, {}, None)
+    kept = zoo_results.build("cpu", "hydra", "vit_hydra", 0, "zoo_cpu", [], {"val/acc1": 0.5}, {}, None)
+    del old["row"][CORRUPTION_15X5], old["row"][PGD_2]  # a result file written before these columns existed
+    results = sorted([good, broken, old, kept], key=zoo_table.order)
+    checkpoints = {("vit_hydra", 0)}  # only this run's checkpoint is in the work dir
+
+    zoo_table.write_csv(results, checkpoints, tmp_path / "results.csv")
+    with open(tmp_path / "results.csv") as f:
+        rows = {r["preset"]: r for r in csv.DictReader(f)}
+    assert float(rows["vit_softmax"][CORRUPTION_15X5]) == pytest.approx(0.37)
+    assert rows["vit_linear"][PGD_2].startswith("attack check failed: PGD above FGSM")
+    assert rows["vit_agent"][CORRUPTION_15X5] == rows["vit_agent"][PGD_2] == "not run: no checkpoint"
+    assert rows["vit_hydra"][PGD_2] == "not run: eval phase pending"
+
+    zoo_table.write_markdown(results, "cpu", BUDGETS["cpu"], "cmd", checkpoints, [], tmp_path / "results.md")
+    text = (tmp_path / "results.md").read_text()
+    cells = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    at = {name: zoo_table.COLUMNS.index(name) for name in (CORRUPTION_15X5, PGD_2)}
+    assert [cells["`vit_softmax`"][i] for i in at.values()] == ["37.0", "20.0"]
+    assert [cells["`vit_linear`"][i] for i in at.values()] == ["40.0", "attack check failed: PGD above FGSM at 2/255 "
+                                                                         "(0.500 > 0.300)"]
+    assert [cells["`vit_agent`"][i] for i in at.values()] == ["not run: no checkpoint"] * 2
+    assert [cells["`vit_hydra`"][i] for i in at.values()] == ["not run: eval phase pending"] * 2
+    assert "`not run: no checkpoint`: the run's result file holds no records of these tests" in text
+    assert "`not run: eval phase pending`: the run's checkpoint is in the work dir" in text
