@@ -35,6 +35,7 @@ from zoo_plan import BUDGETS, model_overrides, zoo_presets  # noqa: E402
 BUDGET = BUDGETS["cpu"]
 PHASES = ("teacher", "loaded", "stage1", "stage2", "robustness", "report")
 SCRATCH = ROOT / "docs" / "zoo" / "cpu" / "results.csv"
+SCRATCH_IMAGES = 89_856  # the zoo's cpu budget: 2 epochs x 351 steps x 128 images
 ROBUSTNESS_IMAGES = 1000  # the first val images of the split the runs trained on
 PGD_EPS = 2  # PGD L-inf radius in grey levels of 255
 
@@ -203,6 +204,36 @@ def _cell(key: str, value) -> str:
     return f"{value:.1f}"
 
 
+def teacher_training(work: Path) -> Optional[str]:
+    """What the teacher was trained on, from its run: "2 epochs, 89,856 training images" (an epoch limited to a
+    fraction of its batches says so); None before it has finished."""
+    from omegaconf import OmegaConf
+
+    metrics, config = _read(work / "teacher" / "metrics.json"), work / "teacher" / ".hydra" / "config.yaml"
+    if metrics is None or not config.is_file():
+        return None
+    cfg = OmegaConf.load(config)
+    fraction = cfg.trainer.get("limit_train_batches", 1.0)
+    epochs = f"{metrics['epoch']} epoch{'s' if metrics['epoch'] != 1 else ''}" + (
+        f" of {fraction:g} of the batches" if isinstance(fraction, float) and fraction < 1 else "")
+    return f"{epochs}, {metrics['global_step'] * cfg.data.batch_size:,} training images"
+
+
+def _notes(work: Path) -> List[str]:
+    """The lines under the table: the teacher as trained, and what the robustness columns measure."""
+    teacher, lines = teacher_training(work), []
+    if teacher is not None:
+        best = _read(work / "teacher" / "metrics.json")["best_score"]
+        lines.append(f"- teacher: vit_softmax, {teacher}, val top-1 {best:.1%} (its best checkpoint, which every "
+                     f"student loads); from scratch: docs/zoo/cpu, {SCRATCH_IMAGES:,} training images")
+    lines.append(f"- {ROBUSTNESS[0]}, {ROBUSTNESS[1]}: `eval.py robustness=benchmark` on the best checkpoint of "
+                 f"stage 2 (teacher: its own) over the first {ROBUSTNESS_IMAGES:,} val images: mean top-1 over the 15 "
+                 f"CIFAR-10-C corruptions x severities 1-5, and top-1 under PGD (10 steps, L-inf eps {PGD_EPS}/255 of "
+                 f"a [0, 1] image); a pass on {ROBUSTNESS_IMAGES:,} images is uncertain by up to +-3.1 points "
+                 f"(Wilson 95%)")
+    return lines
+
+
 def write_report(rows: List[dict], out: Path, work: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
@@ -211,6 +242,7 @@ def write_report(rows: List[dict], out: Path, work: Path) -> None:
         writer.writerows(rows)
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(k, row[k]) for k in COLUMNS) + " |" for row in rows]
+    lines += ["", *_notes(work)]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     if rows:
         plot(rows, out / "transfer.png", work)
@@ -218,32 +250,62 @@ def write_report(rows: List[dict], out: Path, work: Path) -> None:
 
 
 def plot(rows: List[dict], path: Path, work: Path) -> None:
+    """Val accuracy per stage beside from scratch and the teacher; below it, where the robustness phase ran, each
+    converted network's robustness beside its teacher's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = ("loaded", "stage 1", "stage 2", "from scratch")
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 + 1.3 * len(rows)), 4.6))
-    width = 0.8 / len(series)
-    for i, key in enumerate(series):
-        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, [(row[key] or 0) * 100 for row in rows], width, label=key)
+    robust = any(isinstance(row[key], float) for row in rows for key in ROBUSTNESS)
+    width_in = max(7.0, 1.6 + 1.3 * len(rows))
+    fig, axes = plt.subplots(2 if robust else 1, 1, figsize=(width_in, 8.6 if robust else 4.6), squeeze=False)
+    ax = axes[0, 0]
+    _bars(ax, rows, ("loaded", "stage 1", "stage 2", "from scratch"))
     teacher = rows[0]["teacher"]
     if teacher:
         ax.axhline(teacher * 100, color="k", linestyle="--", linewidth=1, label="softmax teacher")
         ax.axhline(teacher * 95, color="grey", linestyle=":", linewidth=1, label="95% of the teacher")
-    ax.set_xticks(range(len(rows)), [row["mechanism"] for row in rows], fontsize=8)
-    ax.set_ylim(0, 100)
     loaded = _read(work / rows[0]["preset"] / "loaded.json")
     ax.set_ylabel(f"val top-1 (%), {loaded['num_images']:,} images" if loaded else "val top-1 (%)")
     images = _images(work, rows[0]["preset"])
     ax.set_title(f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\ntraining images: stage 1 "
-                 f"{images[0]:,} + stage 2 {images[1]:,}; teacher and from scratch (docs/zoo/cpu) 89,856", fontsize=9)
+                 f"{images[0]:,} + stage 2 {images[1]:,}; from scratch (docs/zoo/cpu) {SCRATCH_IMAGES:,}\n"
+                 f"teacher (vit_softmax): {teacher_training(work) or 'not finished'}", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
+    if robust:
+        from vitzoo.robustness.intervals import accuracy_interval
+
+        ax = axes[1, 0]
+        _bars(ax, rows, ROBUSTNESS, lambda value: accuracy_interval(value, ROBUSTNESS_IMAGES))
+        for key, teacher_key, colour in zip(ROBUSTNESS, TEACHER_ROBUSTNESS, ("C0", "C1")):
+            value = rows[0][teacher_key]
+            if isinstance(value, float):
+                ax.axhline(value * 100, color=colour, linestyle="--", linewidth=1, label=f"teacher's {key}")
+        ax.set_ylabel(f"top-1 (%), first {ROBUSTNESS_IMAGES:,} val images")
+        ax.set_title("Robustness of the stage-2 networks beside the teacher's (bars: Wilson 95% interval; "
+                     "no bar: not evaluated)", fontsize=9)
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bars(ax, rows: List[dict], series, interval=None) -> None:
+    """One group of bars per row, one bar per key of ``series`` (a cell that is not a number draws none), with
+    ``interval(value)`` (low, high) as error bars when given; percent axis from 0 to 100."""
+    width = 0.8 / len(series)
+    for i, key in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
+        values = [row[key] if isinstance(row[key], float) else math.nan for row in rows]
+        errors = None
+        if interval is not None:
+            bounds = [interval(v) if not math.isnan(v) else (math.nan, math.nan) for v in values]
+            errors = [[100 * (v - lo) for v, (lo, _) in zip(values, bounds)],
+                      [100 * (hi - v) for v, (_, hi) in zip(values, bounds)]]
+        ax.bar(xs, [100 * v for v in values], width, yerr=errors, capsize=2 if errors else 0, label=key)
+    ax.set_xticks(range(len(rows)), [row["mechanism"] for row in rows], fontsize=8)
+    ax.set_ylim(0, 100)
 
 
 def _images(work: Path, preset: str) -> List[int]:

@@ -150,6 +150,20 @@ def test_bad_sweep_options_name_the_fix():
         Sweep(corruptions="contrast")
     with pytest.raises(ValueError, match="unknown protocol"):
         Sweep(protocol="tiny")
+    with pytest.raises(ValueError, match=r"robustness.attack='apgd'; choose pgd .* or autoattack"):
+        Sweep(adversarial=(8,), attack="apgd")
+    with pytest.raises(ValueError, match=r"robustness.attack=autoattack attacks at the radii of "
+                                         r"robustness.adversarial, which is empty; add e.g. robustness.adversarial=\[8\]"):
+        Sweep(attack="autoattack")
+
+
+def test_the_benchmark_sweep_is_one_word_and_the_default_stays_light(tmp_path):
+    def sweep(*overrides):
+        return compose_config(tmp_path, ["ckpt_path=x.ckpt", *overrides], name="eval").robustness
+
+    assert list(sweep("robustness=benchmark").corruptions) == robustness.list_corruptions("benchmark")
+    assert list(sweep("robustness=benchmark").logit_noise) == list(sweep().logit_noise)  # the rest as the default
+    assert len(sweep().corruptions) == 8 and sweep().attack == "pgd"
 
 
 # -- the summary --------------------------------------------------------------------------------
@@ -333,6 +347,24 @@ def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
         evaluate("robustness.source=disk")
 
 
+def test_eval_refuses_a_missing_frost_or_attack_install_before_the_first_pass(checkpoints, tmp_path, monkeypatch):
+    """A sweep would die at its frost or attack pass after minutes of others: the installs are checked first."""
+    from vitzoo.robustness.corruptions import weather
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a pass ran before the install check")
+
+    monkeypatch.setattr(robustness.run, "run_pass", no_pass)
+    monkeypatch.setattr(weather, "FROST_PACKAGE", "imagecorruptions_not_installed")
+    overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness=clean", "robustness.progress=false"]
+    with pytest.raises(FileNotFoundError, match=r"frost blends .* pip install --no-deps imagecorruptions==1.1.2"):
+        evaluate_checkpoints(compose_config(tmp_path / "a", [*overrides, "robustness.corruptions=[contrast,frost]"],
+                                            name="eval"))
+    monkeypatch.setitem(sys.modules, "torchattacks", None)  # import torchattacks raises ImportError
+    with pytest.raises(ImportError, match=r"needs torchattacks: pip install --no-deps torchattacks==3.5.1"):
+        evaluate_checkpoints(compose_config(tmp_path / "b", [*overrides, "robustness.adversarial=[2]"], name="eval"))
+
+
 def test_eval_warns_when_the_run_trained_on_other_data(checkpoints, tmp_path, caplog):
     """Same class count, other data: the checkpoint's run (.hydra/config.yaml) says what it trained on."""
     run = tmp_path / "run"
@@ -426,18 +458,46 @@ def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkp
         adversarial_accuracy(model, loader, hp["mean"], hp["std"], 0.0, torch.device("cpu"))
 
 
+@pytest.mark.slow
+def test_autoattack_is_at_least_as_strong_as_pgd_on_a_trained_digits_model(checkpoints):
+    """AutoAttack's standard set (APGD-CE, APGD-T, FAB-T, Square) finds every image PGD-10 finds and more: its robust
+    accuracy is at most PGD's at the same eps, and well below clean."""
+    pytest.importorskip("torchattacks", reason=ATTACKS)
+    from vitzoo.robustness.adversarial import adversarial_accuracy
+
+    model, hp = load_classifier(checkpoints["vit_softmax"])
+    loader = unit_loader(16, max_images=60, batch_size=30)  # two batches: AutoAttack re-seeds between them
+    clean = sweep_pass(model, hp, Pass("clean", 0), loaders={16: loader})["acc1"]
+    result = adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"),
+                                  attack="autoattack")
+    assert result["autoattack_acc1"] <= result["acc1"] <= result["fgsm_acc1"] <= clean, (clean, result)
+    assert result["autoattack_acc1"] < clean - 0.3, (clean, result)
+    pgd_only = adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"))
+    assert pgd_only == {k: v for k, v in result.items() if k != "autoattack_acc1"}  # AutoAttack leaves PGD's draws
+    with pytest.raises(ValueError, match="robustness.attack='apgd'; choose pgd .* or autoattack"):
+        adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"), attack="apgd")
+
+
 def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
     pytest.importorskip("torchattacks", reason=ATTACKS)
     overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness=clean", "robustness.adversarial=[2,8]",
-                 "robustness.max_images=90", "robustness.progress=false"]
+                 "robustness.max_images=90", "robustness.progress=false", "robustness.plots=true",
+                 "robustness.tensorboard=true"]
     result = evaluate_checkpoints(compose_config(tmp_path, overrides, name="eval"))
+    assert (tmp_path / "adversarial.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(tmp_path / "tensorboard" / "linear")).Reload()
+    assert {"pgd_linf/acc1", "fgsm_linf/acc1"} <= set(scalars.Tags()["scalars"])
+    assert [(e.step, e.value) for e in scalars.Scalars("pgd_linf/acc1")] == pytest.approx(
+        [(r["level"], r["acc1"]) for r in result["records"] if r["test"] == "pgd_linf"])
     adv = {r["level"]: r for r in result["records"] if r["test"] == "pgd_linf"}
     clean = result["summary"]["linear"]["clean_acc1"]
     assert sorted(adv) == [2.0, 8.0] and all(r["num_images"] == 90 for r in adv.values())
     assert adv[8.0]["acc1"] <= adv[8.0]["fgsm_acc1"] <= clean and adv[8.0]["acc1"] < clean - 0.3
     summary = json.loads((tmp_path / "robustness.json").read_text())["summary"]["linear"]
     assert summary["pgd_linf_acc1"] == {"2/255": adv[2.0]["acc1"], "8/255": adv[8.0]["acc1"]}
-    assert summary["attack_check"] == "ok"
+    assert summary["attack_check"] == "ok" and summary["attack_set"] == "PGD-10 + FGSM"
     with open(tmp_path / "robustness.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["test"] == "pgd_linf"]
     assert [float(r["fgsm_acc1"]) for r in rows] == [adv[2.0]["fgsm_acc1"], adv[8.0]["fgsm_acc1"]]

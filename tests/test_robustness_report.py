@@ -6,7 +6,8 @@ import pytest
 
 from vitzoo.robustness.closing import results_table
 from vitzoo.robustness.intervals import accuracy_interval, wilson_interval
-from vitzoo.robustness.plots import corruption_figure, logit_noise_figure, resolution_figure
+from vitzoo.robustness.plots import adversarial_figure, corruption_figure, logit_noise_figure, resolution_figure
+from vitzoo.robustness.report import summarize
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -97,6 +98,60 @@ def test_closing_table_has_one_row_per_checkpoint_in_percent():
                                "x", [], {})
     assert [line.split() for line in clean_only[1:]] == [["checkpoint", "clean"], ["softmax", "95.0"],
                                                          ["linear", "90.0"]]
+
+
+def _attacked(autoattack=True):
+    """Clean and PGD / FGSM (/ AutoAttack) records at 2/255 and 8/255 for two checkpoints, 1,000 images each."""
+    out = []
+    for label, base in (("softmax", 0.9), ("linear", 0.8)):
+        rec = {"checkpoint": label, "num_images": 1000}
+        out.append({**rec, "test": "clean", "level": 0, "acc1": base})
+        for eps, drop in ((2.0, 0.3), (8.0, 0.7)):
+            aa = {"autoattack_acc1": base - drop - 0.05} if autoattack else {}
+            out.append({**rec, "test": "pgd_linf", "level": eps, "acc1": base - drop, "fgsm_acc1": base - drop / 2,
+                        **aa})
+    return out
+
+
+def test_adversarial_plot_draws_pgd_and_autoattack_from_clean_at_zero_with_bands():
+    fig = adversarial_figure(_attacked(), "Digits val split")
+    try:
+        ax = fig.axes[0]
+        assert "1,000 images per point" in fig.get_suptitle() and "2 checkpoints: softmax, linear" in fig.get_suptitle()
+        assert ax.get_ylim() == (0.0, 1.0) and [t.get_text() for t in ax.get_xticklabels()] == ["0", "2/255", "8/255"]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines) == ["softmax PGD", "softmax AutoAttack", "linear PGD", "linear AutoAttack"]
+        assert list(lines["linear PGD"].get_xdata()) == [0, 2.0, 8.0]
+        assert list(lines["linear PGD"].get_ydata()) == pytest.approx([0.8, 0.5, 0.1])
+        assert list(lines["linear AutoAttack"].get_ydata()) == pytest.approx([0.8, 0.45, 0.05])  # clean at 0
+        assert lines["softmax AutoAttack"].get_color() == lines["softmax PGD"].get_color()
+        assert lines["softmax AutoAttack"].get_linestyle() == ":"
+        bands = [c for c in ax.collections if type(c).__name__ in ("PolyCollection", "FillBetweenPolyCollection")]
+        assert len(bands) == 4
+        y = bands[3].get_paths()[0].vertices[:, 1]  # linear AutoAttack's
+        assert y.min() == pytest.approx(accuracy_interval(0.05, 1000)[0])
+    finally:
+        plt.close(fig)
+    pgd_only = adversarial_figure(_attacked(autoattack=False), "x")
+    assert [line.get_label() for line in pgd_only.axes[0].get_lines()] == ["softmax PGD", "linear PGD"]
+    plt.close(pgd_only)
+
+
+def test_summary_and_table_say_which_attack_set_ran_and_guard_autoattack_against_pgd():
+    records = _attacked()
+    summary = summarize(records)
+    assert summary["linear"]["autoattack_linf_acc1"] == pytest.approx({"2/255": 0.45, "8/255": 0.05})
+    assert summary["linear"]["attack_set"].startswith("AutoAttack standard (APGD-CE, APGD-T, FAB-T, Square)")
+    assert summary["linear"]["attack_check"] == "ok"
+    lines = results_table(records, summary, None, "x", [], {})
+    assert lines[1].split() == ["PGD", "L-inf", "AutoAttack", "L-inf"]
+    assert lines[2].split() == ["checkpoint", "clean", "2/255", "8/255", "2/255", "8/255"]
+    assert lines[4].split() == ["linear", "80.0", "50.0", "10.0", "45.0", "5.0"]
+    assert lines[-1].startswith("AutoAttack L-inf: accuracy under AutoAttack's standard set")
+    pgd_only = summarize(_attacked(autoattack=False))["linear"]
+    assert pgd_only["attack_set"] == "PGD-10 + FGSM" and "autoattack_linf_acc1" not in pgd_only
+    weak = [{**r, "autoattack_acc1": r["acc1"] + 0.01} if r["test"] == "pgd_linf" else r for r in records]
+    assert summarize(weak)["linear"]["attack_check"] == "failed: AutoAttack above PGD at 2/255 (0.510 > 0.500)"
 
 
 def test_zoo_summary_names_its_images_starts_at_zero_and_bars_the_wilson_interval():

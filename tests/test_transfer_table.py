@@ -50,3 +50,63 @@ def test_report_sets_each_stage_beside_scratch_and_teacher(tmp_path):
     assert "| linear (elu+1) | vit_linear | 10.0 | 30.0 | 48.0 |" in md
     assert "| 20.0 | - | - |" in md
     assert (out / "transfer.png").stat().st_size > 0
+
+
+def _robustness(folder, label, corruption=0.4, pgd=0.1, check="ok"):
+    summary = {"published": {"mean_corruption_acc1": corruption}, "pgd_linf_acc1": {"2/255": pgd},
+               "attack_check": check}
+    _write(folder / "robustness" / "robustness.json", {"summary": {label: summary}})
+
+
+def test_report_sets_each_rows_robustness_beside_the_teachers_and_says_why_a_cell_is_empty(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _write(work / "teacher" / "metrics.json", {"best_score": 0.7, "epoch": 15, "global_step": 5265})
+    (work / "teacher" / ".hydra").mkdir(parents=True)
+    (work / "teacher" / ".hydra" / "config.yaml").write_text("data:\n  batch_size: 128\ntrainer:\n  max_epochs: 15\n")
+    _robustness(work / "teacher", "teacher", 0.46, 0.135)
+    for preset in ("vit_linear", "vit_agent", "vit_window", "vit_hedgehog"):
+        _write(work / preset / "loaded.json", {"val/acc1": 0.1, "num_images": 5000})
+    for preset in ("vit_linear", "vit_agent", "vit_window"):  # hedgehog's stage 2 has not finished
+        _write(work / preset / "stage2" / "metrics.json", {"val/acc1": 0.6, "global_step": 8})
+    _robustness(work / "vit_linear", "vit_linear", 0.44, 0.189)
+    _robustness(work / "vit_window", "vit_window", 0.41, 0.3, check="failed: PGD above FGSM at 2/255 (0.300 > 0.200)")
+
+    rows = transfer_table.collect(work, ["vit_linear", "vit_agent", "vit_window", "vit_hedgehog"])
+    transfer_table.write_report(rows, out, work)
+    with open(out / "results.csv") as f:
+        table = {row["preset"]: row for row in csv.DictReader(f)}
+    corruption, pgd = "mean corruption accuracy (15x5)", "PGD L-inf 2/255"
+    assert float(table["vit_linear"][corruption]) == 0.44 and float(table["vit_linear"][pgd]) == 0.189
+    assert all(float(row[f"teacher {corruption}"]) == 0.46 and float(row[f"teacher {pgd}"]) == 0.135
+               for row in table.values())
+    assert (table["vit_agent"][corruption], table["vit_agent"][pgd]) == ("not evaluated", "not evaluated")
+    assert (table["vit_hedgehog"][corruption], table["vit_hedgehog"][pgd]) == ("no checkpoint", "no checkpoint")
+    assert (table["vit_window"][corruption], table["vit_window"][pgd]) == ("0.41", "attack check failed")
+    md = (out / "results.md").read_text()
+    assert "| 44.0 | 18.9 | 46.0 | 13.5 |" in md
+    assert "- teacher: vit_softmax, 15 epochs, 673,920 training images, val top-1 70.0%" in md  # from its run
+    assert transfer_table.teacher_training(tmp_path / "nothing") is None
+
+
+def test_robustness_phase_evaluates_the_best_checkpoint_on_the_tables_split_once(tmp_path, monkeypatch):
+    run = tmp_path / "work" / "vit_linear" / "stage2"
+    _write(run / "metrics.json", {"best_ckpt": str(run / "checkpoints" / "best.ckpt")})
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text("data:\n  val_fraction: 0.1\n  split_seed: 3\n  batch_size: 128\n")
+    calls = []
+
+    def eval_py(cmd, log):
+        calls.append(cmd)
+        _write(run.parent / "robustness" / "robustness.json", {"summary": {}})
+
+    monkeypatch.setattr(transfer_table, "run_logged", eval_py)
+    for _ in range(2):  # the second call finds the record: done
+        transfer_table.evaluate_robustness("vit_linear", run, tmp_path / "data")
+    transfer_table.evaluate_robustness("vit_agent", tmp_path / "work" / "vit_agent" / "stage2", tmp_path / "data")
+    assert len(calls) == 1  # agent's stage 2 has not finished: skipped
+    cmd = calls[0][1:]
+    assert cmd[:2] == ["eval.py", f"ckpt_path={{vit_linear: {run / 'checkpoints' / 'best.ckpt'}}}"]
+    assert {"data.val_fraction=0.1", "data.split_seed=3", f"data.root={tmp_path / 'data'}", "robustness=benchmark",
+            "robustness.adversarial=[2]", "robustness.max_images=1000", "robustness.logit_noise=[]",
+            f"hydra.run.dir={run.parent / 'robustness'}"} <= set(cmd)
+    assert (run.parent / "robustness" / "wall_s.json").is_file()

@@ -39,9 +39,11 @@ def _columns(records: Sequence[dict], summary: Dict[str, dict], baseline: Option
     for sigma in sorted({s for t in table.values() for s in t.get(LOGIT_NOISE, {}) if s > 0}):
         columns.append(("logit noise", f"{sigma:g}",
                         {lb: _pct(t.get(LOGIT_NOISE, {}).get(sigma, {}).get("acc1")) for lb, t in table.items()}))
-    for eps in sorted({e for t in table.values() for e in t.get(ADVERSARIAL, {})}):
-        columns.append(("PGD L-inf", f"{eps:g}/255",
-                        {lb: _pct(t.get(ADVERSARIAL, {}).get(eps, {}).get("acc1")) for lb, t in table.items()}))
+    radii = sorted({e for t in table.values() for e in t.get(ADVERSARIAL, {})})
+    for group, key in (("PGD L-inf", "acc1"), ("AutoAttack L-inf", "autoattack_acc1")):
+        if any(key in r for t in table.values() for r in t.get(ADVERSARIAL, {}).values()):
+            columns += [(group, f"{eps:g}/255", {lb: _pct(t.get(ADVERSARIAL, {}).get(eps, {}).get(key))
+                                                 for lb, t in table.items()}) for eps in radii]
     for i, factor in enumerate(factors):
         columns.append(("input size", f"{factor:g}x",
                         {lb: _pct(t.get(RESOLUTION, {}).get(sizes[lb][i], {}).get("acc1")) for lb, t in table.items()}))
@@ -82,7 +84,8 @@ def _render(labels: Sequence[str], columns: List[Column]) -> List[str]:
 def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: Optional[str], data: str,
                   factors: Sequence[float], sizes: Dict[str, List[int]]) -> List[str]:
     """The closing table: a heading (data set, images per pass, the widest 95% interval), one row per checkpoint
-    (clean, mean corrupted and mCE, accuracy per logit sigma > 0 and per resolution factor, in %), what mCE and
+    (clean, mean corrupted and mCE, accuracy per logit sigma > 0, per attack radius and per resolution factor, in
+    %), what mCE and
     the column groups mean. ``sizes[label][i]`` is the pixel size of ``factors[i]`` for that checkpoint."""
     num_images = sorted({r["num_images"] for r in records})
     count = f"{num_images[0]:,}" if len(num_images) == 1 else f"{num_images[0]:,}-{num_images[-1]:,}"
@@ -99,6 +102,9 @@ def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: O
     if "PGD L-inf" in groups:
         lines.append("PGD L-inf: accuracy under PGD (10 steps of 2.5 eps / 10, random start) at eps in grey levels "
                      "of a [0, 1] image (torchattacks); FGSM's in robustness.json / .csv (fgsm_acc1)")
+    if "AutoAttack L-inf" in groups:
+        lines.append("AutoAttack L-inf: accuracy under AutoAttack's standard set (APGD-CE, APGD-T, FAB-T, Square; "
+                     "torchattacks) at the same eps")
     if "input size" in groups:
         lines.append("input size: factor of each checkpoint's training size")
     return lines

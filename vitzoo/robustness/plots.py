@@ -1,4 +1,4 @@
-"""The robustness plots: accuracy vs corruption severity, attention-logit sigma and input size.
+"""The robustness plots: accuracy vs corruption severity, attention-logit sigma, input size and attack radius.
 
 Every figure names the data set, the number of images per point and the checkpoints in its title, draws
 each accuracy with its Wilson 95% interval as a band (the test set's sampling uncertainty), and puts
@@ -13,17 +13,18 @@ from typing import Dict, List, Optional, Sequence
 from .corruptions import CORRUPTIONS
 from .intervals import accuracy_interval
 from .report import by_checkpoint
-from .sweep import CLEAN, LOGIT_NOISE, RESOLUTION
+from .sweep import ADVERSARIAL, CLEAN, LOGIT_NOISE, RESOLUTION
 
-__all__ = ["plot_results", "corruption_figure", "logit_noise_figure", "resolution_figure", "context_title",
-           "accuracy_axis"]
+__all__ = ["plot_results", "corruption_figure", "logit_noise_figure", "resolution_figure", "adversarial_figure",
+           "context_title", "accuracy_axis"]
 
 BAND = "bands: Wilson 95% interval of each accuracy (test-set sampling)"
 
 
 def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, int], data: str) -> List[Path]:
     """PNG plots, one line per checkpoint: accuracy vs severity per corruption (``corruptions.png``), vs logit
-    sigma (``logit_noise.png``), vs image size (``resolution.png``), each drawn when the records hold that test.
+    sigma (``logit_noise.png``), vs image size (``resolution.png``), vs attack radius (``adversarial.png``), each
+    drawn when the records hold that test.
     ``data`` names the data set in the titles. Returns the files written."""
     import matplotlib
 
@@ -32,7 +33,8 @@ def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, 
     tests = {t for levels in table.values() for t in levels}
     figures = [("corruptions.png", corruption_figure, bool(tests & set(CORRUPTIONS))),
                ("logit_noise.png", logit_noise_figure, LOGIT_NOISE in tests),
-               ("resolution.png", lambda r, d: resolution_figure(r, d, train_sizes), RESOLUTION in tests)]
+               ("resolution.png", lambda r, d: resolution_figure(r, d, train_sizes), RESOLUTION in tests),
+               ("adversarial.png", adversarial_figure, ADVERSARIAL in tests)]
     return [_save(draw(records, data), out_dir / name) for name, draw, wanted in figures if wanted]
 
 
@@ -63,12 +65,13 @@ def accuracy_axis(ax, label: str = "top-1 accuracy") -> None:
     ax.set_ylabel(label)
 
 
-def _curve(ax, xs: Sequence[float], points: Sequence[dict], label: str, key: str = "acc1") -> None:
-    """One checkpoint's line; an accuracy gets its Wilson band in the line's colour."""
-    line, = ax.plot(xs, [p[key] for p in points], marker="o", markersize=4, label=label)
-    if key == "acc1":
-        low, high = zip(*(accuracy_interval(p["acc1"], p["num_images"]) for p in points))
+def _curve(ax, xs: Sequence[float], points: Sequence[dict], label: str, key: str = "acc1", **style):
+    """One checkpoint's line (returned); an accuracy (a ``*acc1`` key) gets its Wilson band in the line's colour."""
+    line, = ax.plot(xs, [p[key] for p in points], marker="o", markersize=4, label=label, **style)
+    if key.endswith("acc1"):
+        low, high = zip(*(accuracy_interval(p[key], p["num_images"]) for p in points))
         ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+    return line
 
 
 def _setup(records: Sequence[dict], data: str):
@@ -142,6 +145,29 @@ def resolution_figure(records: Sequence[dict], data: str, train_sizes: Dict[str,
                 ax.set(ylim=(0, 1.05), ylabel="attention entropy H / log n (mean over layers)",
                        title="attention entropy (first 32 images)")
             ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize="medium")
+    return fig
+
+
+def adversarial_figure(records: Sequence[dict], data: str):
+    """Accuracy vs the L-inf radius (0 = clean) under PGD, and under AutoAttack's standard set (dotted, same colour)
+    where the records hold it."""
+    plt, table, title = _setup(records, data)
+    with plt.rc_context({"axes.prop_cycle": _line_styles()}):
+        fig, ax = plt.subplots(figsize=(6.5, 4.6))
+        for label, tests in table.items():
+            levels = tests.get(ADVERSARIAL, {})
+            xs, clean = [0, *sorted(levels)], {**tests[CLEAN][0], "autoattack_acc1": tests[CLEAN][0]["acc1"]}
+            points = [clean, *(levels[e] for e in sorted(levels))]
+            line = _curve(ax, xs, points, f"{label} PGD")
+            if all("autoattack_acc1" in p for p in points):
+                _curve(ax, xs, points, f"{label} AutoAttack", "autoattack_acc1", color=line.get_color(),
+                       linestyle=":")
+        radii = sorted({0, *(e for tests in table.values() for e in tests.get(ADVERSARIAL, {}))})
+        ax.set_xticks(radii, [f"{e:g}/255" if e else "0" for e in radii])
+        ax.set(xlabel="L-inf radius eps of a [0, 1] image (0 = clean)")
+        accuracy_axis(ax)
+        ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize="medium")
     return fig
 

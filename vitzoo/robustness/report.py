@@ -2,7 +2,8 @@
 
 A record is one pass of one checkpoint: ``{"checkpoint", "test", "level", "acc1", "acc5", "loss",
 "num_images"}`` with ``test`` one of ``clean``, a corruption name, ``logit_noise`` (level = sigma)
-or ``resolution`` (level = image size in pixels).
+``resolution`` (level = image size in pixels) or ``pgd_linf`` (level = eps in grey levels of 255; ``acc1`` under
+PGD, ``fgsm_acc1``, and ``autoattack_acc1`` when robustness.attack=autoattack ran).
 """
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from typing import Any, Dict, Optional, Sequence
 
 from vitzoo.utils import write_json
 
+from .adversarial import ATTACK_SETS
 from .corruptions import CORRUPTIONS
 from .mce import coverage, is_benchmark, published
 from .sweep import ADVERSARIAL, CLEAN, LOGIT_NOISE, RESOLUTION
 
 __all__ = ["summarize", "write_results", "log_tensorboard", "by_checkpoint", "RECORD_FIELDS"]
 
-RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy", "fgsm_acc1")
+RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy", "fgsm_acc1",
+                 "autoattack_acc1")
 
 
 def by_checkpoint(records: Sequence[dict]) -> Dict[str, Dict[str, Dict[float, dict]]]:
@@ -71,7 +74,12 @@ def summarize(records: Sequence[dict], baseline: Optional[str] = None,
         if RESOLUTION in tests:
             s["resolution_acc1"] = {f"{lv:g}": r["acc1"] for lv, r in sorted(tests[RESOLUTION].items())}
         if ADVERSARIAL in tests:
-            s["pgd_linf_acc1"] = {f"{lv:g}/255": r["acc1"] for lv, r in sorted(tests[ADVERSARIAL].items())}
+            levels = sorted(tests[ADVERSARIAL].items())
+            s["pgd_linf_acc1"] = {f"{lv:g}/255": r["acc1"] for lv, r in levels}
+            autoattack = all("autoattack_acc1" in r for _, r in levels)
+            if autoattack:
+                s["autoattack_linf_acc1"] = {f"{lv:g}/255": r["autoattack_acc1"] for lv, r in levels}
+            s["attack_set"] = ATTACK_SETS["autoattack" if autoattack else "pgd"]
             s["attack_check"] = _attack_check(clean, tests[ADVERSARIAL])
         out[label] = s
     if baseline is not None:
@@ -81,14 +89,17 @@ def summarize(records: Sequence[dict], baseline: Optional[str] = None,
 
 
 def _attack_check(clean: float, levels: Dict[float, dict]) -> str:
-    """"ok", or which guard a silently broken attack failed: PGD above clean or above FGSM at the same eps (one
-    image of slack for the random start)."""
+    """"ok", or which guard a silently broken attack failed: an accuracy under attack above clean, PGD above FGSM
+    or AutoAttack above PGD at the same eps (one image of slack for the random starts)."""
     for eps, r in sorted(levels.items()):
         slack = 1 / r["num_images"]
-        if r["acc1"] > clean + slack or r["fgsm_acc1"] > clean + slack:
-            return f"failed: accuracy under attack at {eps:g}/255 above clean ({r['acc1']:.3f} > {clean:.3f})"
+        attacked = max(r["acc1"], r["fgsm_acc1"], r.get("autoattack_acc1", 0.0))
+        if attacked > clean + slack:
+            return f"failed: accuracy under attack at {eps:g}/255 above clean ({attacked:.3f} > {clean:.3f})"
         if r["acc1"] > r["fgsm_acc1"] + slack:
             return f"failed: PGD above FGSM at {eps:g}/255 ({r['acc1']:.3f} > {r['fgsm_acc1']:.3f})"
+        if r.get("autoattack_acc1", 0.0) > r["acc1"] + slack:
+            return f"failed: AutoAttack above PGD at {eps:g}/255 ({r['autoattack_acc1']:.3f} > {r['acc1']:.3f})"
     return "ok"
 
 
@@ -124,7 +135,8 @@ def write_results(records: Sequence[dict], summary: Dict[str, Any], out_dir: Pat
 def log_tensorboard(records: Sequence[dict], log_dir: Path) -> None:
     """Scalars per checkpoint (one TensorBoard run each, so curves overlay): ``clean/acc1``,
     ``corruption/<name>`` (step = severity), ``logit_noise/acc1`` (step = 100 * sigma),
-    ``resolution/acc1`` and ``resolution/entropy`` (step = image size)."""
+    ``resolution/acc1`` and ``resolution/entropy`` (step = image size), ``pgd_linf/acc1``, ``fgsm_linf/acc1`` and
+    ``autoattack_linf/acc1`` (step = eps in grey levels of 255)."""
     from torch.utils.tensorboard import SummaryWriter
 
     for label, tests in by_checkpoint(records).items():
@@ -137,6 +149,9 @@ def log_tensorboard(records: Sequence[dict], log_dir: Path) -> None:
                         writer.add_scalar("logit_noise/acc1", r["acc1"], int(round(100 * level)))
                     elif test == ADVERSARIAL:
                         writer.add_scalar("pgd_linf/acc1", r["acc1"], int(level))
+                        writer.add_scalar("fgsm_linf/acc1", r["fgsm_acc1"], int(level))
+                        if "autoattack_acc1" in r:
+                            writer.add_scalar("autoattack_linf/acc1", r["autoattack_acc1"], int(level))
                     elif test == RESOLUTION:
                         writer.add_scalar("resolution/acc1", r["acc1"], int(level))
                         if "entropy" in r:

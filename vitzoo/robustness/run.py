@@ -18,8 +18,10 @@ from torch.utils.data import DataLoader, Subset
 from vitzoo.training import load_classifier, run_record
 from vitzoo.utils import instantiate_config, write_json
 
+from .adversarial import require_torchattacks
 from .closing import file_lines, results_table
 from .corruptions import CIFAR_MAX_SIDE
+from .corruptions.weather import frost_dir
 from .plots import plot_results
 from .report import log_tensorboard, summarize, write_results
 from .source import released_files
@@ -27,7 +29,7 @@ from .sweep import CLEAN, Sweep, patch_multiple, resolution_size, run_pass, swee
 
 __all__ = ["evaluate_checkpoints", "checkpoint_entries", "derive_labels"]
 
-SWEEP_KEYS = ("corruptions", "severities", "protocol", "logit_noise", "resolutions", "adversarial", "seed")
+SWEEP_KEYS = ("corruptions", "severities", "protocol", "logit_noise", "resolutions", "adversarial", "attack", "seed")
 Entry = Tuple[Optional[str], str]  # (label or None, checkpoint path)
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,10 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     files = released_files(rob.source, rob.root, sweep.corruptions, sweep.protocol,
                            {label: hp["img_size"] for label, (_, hp) in zip(labels, loaded)},
                            getattr(dm, "classes", None), dm.eval_batch_size, dm.num_workers, rob.get("max_images"))
+    if files is None and "frost" in sweep.corruptions:
+        frost_dir()  # its reference images are there, or one error naming the install, before the first pass
+    if sweep.adversarial:
+        require_torchattacks()
     loader_at = _unit_loaders(cfg.data, channels.pop(), rob.get("max_images"))
     device = _device(cfg.device)
 

@@ -22,7 +22,7 @@ from vitzoo.attention import ZooAttention
 from vitzoo.diagnostics import attention_entropy
 from vitzoo.training.evaluate import evaluate
 
-from .adversarial import adversarial_accuracy
+from .adversarial import ATTACKS, adversarial_accuracy
 from .attention_noise import attention_noise
 from .corruptions import PROTOCOLS, corrupt, list_corruptions
 
@@ -37,7 +37,8 @@ ENTROPY_IMAGES = 32
 class Sweep:
     """What to measure. ``resolutions`` are factors of the training size (1.5 = 48 px for 32 px training),
     rounded to a multiple of the model's patch; ``protocol`` None picks CIFAR-C strengths up to 64 px;
-    ``adversarial`` are PGD L-inf radii in grey levels (8 = 8/255 of a [0, 1] image)."""
+    ``adversarial`` are PGD L-inf radii in grey levels (8 = 8/255 of a [0, 1] image), ``attack`` what runs at
+    each: "pgd" (PGD-10 and FGSM) or "autoattack" (AutoAttack's standard set beside them)."""
 
     corruptions: Tuple[str, ...] = ()
     severities: Tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -45,6 +46,7 @@ class Sweep:
     logit_noise: Tuple[float, ...] = ()
     resolutions: Tuple[float, ...] = ()
     adversarial: Tuple[float, ...] = ()
+    attack: str = "pgd"
     seed: int = 0
 
     def __post_init__(self):
@@ -69,6 +71,12 @@ class Sweep:
         if any(e <= 0 for e in self.adversarial):
             raise ValueError(f"robustness.adversarial {list(self.adversarial)} must be positive L-inf radii in grey "
                              f"levels of 255, e.g. [1, 2, 4, 8]")
+        if self.attack not in ATTACKS:
+            raise ValueError(f"robustness.attack={self.attack!r}; choose pgd (PGD-10 and FGSM) or autoattack (adds "
+                             f"AutoAttack's standard set, far slower)")
+        if self.attack != "pgd" and not self.adversarial:
+            raise ValueError(f"robustness.attack={self.attack} attacks at the radii of robustness.adversarial, which "
+                             f"is empty; add e.g. robustness.adversarial=[8]")
         if any(r <= 0 for r in self.resolutions):
             raise ValueError(f"robustness.resolutions {list(self.resolutions)} must be positive factors of the "
                              f"training size, e.g. [1.5, 2.0]")
@@ -122,9 +130,9 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
     files' images in [0, 1], labels), a corruption pass reads those, only normalised, instead of
     corrupting the val split.
     """
-    if step.test == ADVERSARIAL:  # PGD at eps = level / 255 on the val split, FGSM beside it (fgsm_acc1)
-        return {**adversarial_accuracy(model, loader_at(img_size), mean, std, step.level / 255, device, sweep.seed),
-                "level": step.level}
+    if step.test == ADVERSARIAL:  # PGD at eps = level / 255 on the val split, FGSM (and AutoAttack) beside it
+        return {**adversarial_accuracy(model, loader_at(img_size), mean, std, step.level / 255, device, sweep.seed,
+                                       sweep.attack), "level": step.level}
     normalise = _normaliser(mean, std, device)
     size, preprocess, noise, source = img_size, normalise, 0.0, None
     level = step.level
