@@ -1,12 +1,17 @@
-"""Shared helpers for the training-pipeline tests: compose configs/ with overrides, fast settings."""
+"""Shared test helpers: compose configs/ with overrides, run a script in a fresh interpreter, write an image folder.
+
+The tiny training runs compose ``debug=tiny_vit`` (or ``debug=tiny_resnet``): configs/debug/, usable from the
+command line too."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
+import cv2
 import lightning as L
-import pytest
+import numpy as np
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -15,12 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 sys.path.append(str(ROOT / "benchmarks"))  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
 
-# A one-block, 32-wide ViT (or a 16-wide ResNet) on 16x16 random images: steps take milliseconds.
-FAST_DATA = ["data=synthetic", "data.img_size=16", "data.num_train=64", "data.num_val=32", "data.batch_size=16"]
-FAST_VIT = ["++model.kwargs.depth=1", "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"]
-FAST_RESNET = ["++model.kwargs.channels=[16,32,64,128]", "++model.kwargs.stem_width=16"]
-QUIET = ["callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
-         "trainer.enable_model_summary=false", "trainer.accelerator=cpu", "trainer.log_every_n_steps=1"]
+QUIET = ["debug=quiet"]  # on the CPU, a log line every step, no progress bar (the tiny and digits runs include it)
 
 
 def compose_config(output_dir: Path, overrides: Sequence[str] = (), name: str = "train") -> DictConfig:
@@ -29,9 +29,26 @@ def compose_config(output_dir: Path, overrides: Sequence[str] = (), name: str = 
         return compose(name, overrides=[*overrides, f"paths.output_dir={output_dir}"])
 
 
-@pytest.fixture
-def fast_overrides():
-    return [*FAST_DATA, *FAST_VIT, *QUIET]
+def run_python(*args, cwd: Path = ROOT, env: Optional[Mapping[str, str]] = None, timeout: float = 300,
+               check: bool = False) -> subprocess.CompletedProcess:
+    """``python *args`` in a fresh interpreter from ``cwd`` (the repo root), stdout and stderr captured as text;
+    ``check``: assert it exited 0, showing the end of its output."""
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def write_image_folder(root: Path, classes: Sequence[str] = ("a", "b"), per_class: int = 4, size=(20, 20),
+                       split: str = "train", suffix: str = ".png", seed: int = 0) -> Path:
+    """``root/<split>/<class>/<i><suffix>``: ``per_class`` uniform-noise RGB images of ``size`` (h, w) per class."""
+    rng = np.random.default_rng(seed)
+    for name in classes:
+        (root / split / name).mkdir(parents=True)
+        for i in range(per_class):
+            cv2.imwrite(str(root / split / name / f"{i}{suffix}"), rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+    return root
 
 
 class CrashAtStep(L.Callback):

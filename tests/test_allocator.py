@@ -1,12 +1,11 @@
 """The glibc allocator setting of eval.py: freed activations are reused, not faulted in again."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import run_python
 
 BLOCK_PAGES = (64 << 20) // 4096
 # Allocate and free a 64 MiB tensor sixteen times; print the minor page faults of each of the last ten
@@ -26,11 +25,12 @@ print(took, *faults[6:])
 
 def _faulting_rounds(mode: str):
     """(whether the setting took, how many of ten rounds faulted in more than half a block, the faults)."""
-    out = subprocess.run([sys.executable, "-c", FAULTS, mode], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = run_python("-c", FAULTS, mode, check=True)
     took, *faults = out.stdout.split()
     return took, sum(int(f) > BLOCK_PAGES // 2 for f in faults), faults
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_retained_memory_is_reused_without_page_faults():
     took, retained, retained_faults = _faulting_rounds("retain")

@@ -2,28 +2,20 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
-import cv2
-import numpy as np
+import pytest
 
-from conftest import ROOT
+from conftest import run_python, write_image_folder
+
+pytestmark = pytest.mark.slow  # each runs a benchmark script end to end in a fresh interpreter
 
 
 def _folder(root):
-    rng = np.random.default_rng(0)
-    for c in ("a", "b"):
-        (root / "train" / c).mkdir(parents=True)
-        for i in range(10):
-            cv2.imwrite(str(root / "train" / c / f"{i}.png"), rng.integers(0, 256, (20, 20, 3), dtype=np.uint8))
-    return root
+    return write_image_folder(root, per_class=10)
 
 
 def _run(*args):
-    result = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    return result.stdout
+    return run_python(*args, check=True).stdout
 
 
 def test_data_path_benchmark_compares_both_paths(tmp_path):

@@ -1,23 +1,16 @@
 """train.py / eval.py before the pipeline loads: --help and configuration errors, fast and in one line."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from conftest import ROOT
-
-
-def _run(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+from conftest import run_python
 
 
 def test_help_lists_the_presets_of_each_script():
-    train = _run("train.py", "--help").stdout.split("== Config")[0]  # the presets, not the config dump
+    train = run_python("train.py", "--help").stdout.split("== Config")[0]  # the presets, not the config dump
     assert "  model: nonlocal_resnet_linear," in train and "vit_linear*" in train and "  data: " in train
     assert "model/base" not in train and "robustness" not in train and "  hydra:" not in train
-    evaluate = _run("eval.py", "--help").stdout.split("== Config")[0]
+    evaluate = run_python("eval.py", "--help").stdout.split("== Config")[0]
     assert "  robustness: clean, default*, zoo" in evaluate and "  model:" not in evaluate
 
 
@@ -27,7 +20,7 @@ def test_help_and_config_errors_do_not_import_torch(script):
     probe = ("import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
              f"sys.argv = [{script!r}] + sys.argv[1:]; exec(compile(open({script!r}).read(), {script!r}, 'exec'))")
     for args in (["--help"], ["data=no_such_data"]):
-        assert "torch imported: False" in _run("-c", probe, *args).stdout
+        assert "torch imported: False" in run_python("-c", probe, *args).stdout
 
 
 @pytest.mark.parametrize("args, line", [
@@ -35,7 +28,7 @@ def test_help_and_config_errors_do_not_import_torch(script):
     (["no_such_key=3"], "error: Could not override 'no_such_key'. To append to your config use +no_such_key=3"),
 ])
 def test_config_errors_are_one_line(args, line):
-    proc = _run("train.py", *args)
+    proc = run_python("train.py", *args)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(line), proc.stderr

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 import vitzoo
-from conftest import CONFIGS, FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, compose_config
+from conftest import CONFIGS, QUIET, compose_config, run_python
 from vitzoo.attention import ZooAttention
 from vitzoo.training import build_classifier, train
 from vitzoo.utils import user_errors
@@ -44,11 +42,11 @@ def test_every_mechanism_has_a_labelled_vit_preset_in_the_zoo():
     assert set(vitzoo.list_attentions()) - VARIANTS_WITHOUT_PRESET <= used
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+# vit_linear (the default preset) in the fast run; every other preset in the slow one.
+@pytest.mark.parametrize("preset", [p if p == "vit_linear" else pytest.param(p, marks=pytest.mark.slow) for p in PRESETS])
 def test_preset_trains_one_fast_epoch(preset, tmp_path):
-    overrides = [*FAST_DATA, *QUIET, "trainer.max_epochs=1", f"model={preset}"]
-    overrides += FAST_VIT if preset.startswith("vit") else FAST_RESNET
-    cfg = compose_config(tmp_path, overrides)
+    tiny = "debug=tiny_vit" if preset.startswith("vit") else "debug=tiny_resnet"
+    cfg = compose_config(tmp_path, [tiny, f"model={preset}"])
     assert cfg.model.attention.name in vitzoo.list_attentions()
     assert cfg.model.arch in vitzoo.list_models()
     metrics = train(cfg)
@@ -57,9 +55,8 @@ def test_preset_trains_one_fast_epoch(preset, tmp_path):
 
 
 def test_attention_and_model_overrides_reach_the_network(tmp_path):
-    cfg = compose_config(tmp_path, [*FAST_DATA, "model=vit_softmax", "model.attention.logit_noise=0.3",
-                                    "model.attention.heads=projected", "++model.kwargs.depth=3",
-                                    "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"])
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_softmax", "model.attention.logit_noise=0.3",
+                                    "model.attention.heads=projected", "model.kwargs.depth=3"])
     module = build_classifier(cfg, _instantiate_data(cfg))
     layers = [m for m in module.model.modules() if isinstance(m, ZooAttention)]
     assert len(layers) == 3 and all(m.logit_noise == 0.3 and m.heads == "projected" for m in layers)
@@ -91,16 +88,16 @@ def test_unknown_key_says_how_to_add_it(tmp_path):
 
 
 def test_unknown_mechanism_option_names_the_valid_ones(tmp_path):
-    cfg = compose_config(tmp_path, [*FAST_DATA, "model=vit_linear", "+model.attention.temperature=2"])
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_linear", "+model.attention.temperature=2"])
     with pytest.raises(ValueError, match="temperature.*valid options"):
         build_classifier(cfg, _instantiate_data(cfg))
 
 
 def test_misspelt_model_kwarg_and_non_numeric_option_name_the_fix(tmp_path):
-    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "+model.kwargs.dept=6"])
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "+model.kwargs.dept=6"])
     with pytest.raises(ValueError, match="unexpected keyword argument 'dept'.*model.kwargs"):
         build_classifier(cfg, _instantiate_data(cfg))
-    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "module.optim.lr=abc"])
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "module.optim.lr=abc"])
     with pytest.raises(ValueError, match="module.optim.lr must be a number, got 'abc'"):
         build_classifier(cfg, _instantiate_data(cfg))
 
@@ -128,12 +125,10 @@ def test_corrupted_resume_checkpoint_names_the_fix(tmp_path):
         train(compose_config(tmp_path, [f"ckpt_path={tmp_path}", *QUIET]))
 
 
+@pytest.mark.slow
 def test_multirun_sweeps_presets(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "model=vit_softmax,vit_linear", *FAST_DATA, *FAST_VIT, *QUIET,
-         "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_python("train.py", "-m", "model=vit_softmax,vit_linear", "debug=tiny_vit", f"hydra.sweep.dir={tmp_path}",
+               check=True)
     for job in ("0", "1"):
         metrics = json.loads((tmp_path / job / "metrics.json").read_text())
         assert metrics["global_step"] == 4

@@ -5,21 +5,14 @@ from __future__ import annotations
 import csv
 import importlib.util
 
-import numpy as np
-from PIL import Image
-
+from conftest import write_image_folder
 import corruption_speed  # a benchmark script (tests/conftest.py puts benchmarks/ on the path)
 
 NAMES = ["glass_blur", "zoom_blur", "spatter"]  # a random, a deterministic and an extra one (all 19 by default)
 
 
 def test_corruption_speed_prints_each_corruption_beside_the_forward_pass(tmp_path, capsys):
-    rng = np.random.default_rng(0)
-    for c in range(10):
-        (tmp_path / "train" / f"class{c}").mkdir(parents=True)
-        for i in range(2):
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
-                tmp_path / "train" / f"class{c}" / f"{i:04d}.jpg")
+    write_image_folder(tmp_path, [f"class{c}" for c in range(10)], per_class=2, size=(32, 32), suffix=".jpg")
     corruption_speed.main(["--data", str(tmp_path), "--images", "20", "--batch", "10", "--reference-images", "2",
                            "--forward-repeats", "1", "--corruptions", ",".join(NAMES), "--out", str(tmp_path / "speed.csv")])
     lines = capsys.readouterr().out.splitlines()

@@ -1,11 +1,11 @@
 """Data modules and albumentations pipelines: splits, normalisation, augmentation seeding, clear errors."""
 from __future__ import annotations
 
-import cv2
 import numpy as np
 import pytest
 import torch
 
+from conftest import write_image_folder
 from vitzoo.data import (CIFAR10DataModule, DigitsDataModule, ImageFolderDataModule, SyntheticDataModule,
                          build_eval_transform, build_train_transform, digits_arrays)
 
@@ -104,16 +104,8 @@ def test_cifar_missing_offline_says_how_to_get_it(tmp_path):
         dm.setup("fit")
 
 
-def _write_tree(root, split, classes, per_class):
-    rng = np.random.default_rng(0)
-    for c in classes:
-        (root / split / c).mkdir(parents=True)
-        for i in range(per_class):
-            cv2.imwrite(str(root / split / c / f"{i}.png"), rng.integers(0, 256, (12, 10, 3), dtype=np.uint8))
-
-
 def test_imagefolder_val_fraction_split(tmp_path):
-    _write_tree(tmp_path, "train", ["cat", "dog", "eel"], 10)
+    write_image_folder(tmp_path, ["cat", "dog", "eel"], 10, size=(12, 10))
     dm = ImageFolderDataModule(root=str(tmp_path), img_size=16, val_fraction=0.2, batch_size=4)
     assert dm.num_classes == 3 and dm.classes == ["cat", "dog", "eel"]
     dm.setup("fit")
@@ -129,8 +121,8 @@ def test_imagefolder_val_fraction_split(tmp_path):
 
 
 def test_imagefolder_uses_val_tree_when_present(tmp_path):
-    _write_tree(tmp_path, "train", ["a", "b"], 4)
-    _write_tree(tmp_path, "val", ["a", "b"], 2)
+    write_image_folder(tmp_path, ["a", "b"], 4, size=(12, 10))
+    write_image_folder(tmp_path, ["a", "b"], 2, size=(12, 10), split="val")
     dm = ImageFolderDataModule(root=str(tmp_path), batch_size=2)
     dm.setup("fit")
     assert (len(dm.train_dataset), len(dm.val_dataset)) == (8, 4)
@@ -140,12 +132,12 @@ def test_imagefolder_uses_val_tree_when_present(tmp_path):
 def test_imagefolder_errors_name_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="data.root=.*train/<class>"):
         ImageFolderDataModule(root=str(tmp_path / "nowhere"))
-    _write_tree(tmp_path, "train", ["a", "b"], 2)
-    _write_tree(tmp_path, "val", ["a", "zebra"], 1)
+    write_image_folder(tmp_path, ["a", "b"], 2, size=(12, 10))
+    write_image_folder(tmp_path, ["a", "zebra"], 1, size=(12, 10), split="val")
     with pytest.raises(ValueError, match="zebra"):
         ImageFolderDataModule(root=str(tmp_path), batch_size=2).setup("fit")
     few = tmp_path / "few"
-    _write_tree(few, "train", ["a", "b", "c"], 3)
+    write_image_folder(few, ["a", "b", "c"], 3, size=(12, 10))
     with pytest.raises(ValueError, match=r"leaves 1 for val .* change data.val_fraction"):
         ImageFolderDataModule(root=str(few), val_fraction=0.1, batch_size=2).setup("fit")
     ImageFolderDataModule(root=str(few), val_fraction=0.34, batch_size=2).setup("fit")  # 4 val, 5 train: fine

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import QUIET, SyncOps, compose_config
+from conftest import SyncOps, compose_config, write_image_folder
 from vitzoo.data import (DigitsDataModule, ImageFolderDataModule, SyntheticDataModule, build_eval_transform,
                          build_train_transform)
 from vitzoo.data.device_data import DeviceBatches, decode_split
@@ -84,21 +84,13 @@ def test_ddp_ranks_get_equal_disjoint_shares():
     assert [len(s) for s in seen] == [4, 4, 4] and set(sum(seen, [])) == set(range(10))  # padded like DDP's sampler
 
 
-def _folder(root, per_class=4):
-    rng = np.random.default_rng(0)
-    for c in ("a", "b"):
-        (root / "train" / c).mkdir(parents=True)
-        for i in range(per_class):
-            cv2.imwrite(str(root / "train" / c / f"{i}.png"), rng.integers(0, 256, (20, 20, 3), dtype=np.uint8))
-
-
 def _module(root, **kwargs):
     return ImageFolderDataModule(str(root), img_size=16, val_fraction=0.25, batch_size=2, num_workers=0,
                                  device_cache=True, **kwargs)
 
 
 def test_the_cache_is_built_once_then_reused_and_a_stale_or_broken_one_is_an_error(tmp_path):
-    _folder(tmp_path)
+    write_image_folder(tmp_path)
     dm = _module(tmp_path)
     dm.setup("fit")
     cache = tmp_path / ".vitzoo-cache" / "train-16px-val0.25-seed0.pt"
@@ -150,11 +142,9 @@ def test_automatic_choice_is_off_without_cuda():
     assert isinstance(dm.train_dataloader(), torch.utils.data.DataLoader)
 
 
+@pytest.mark.slow
 def test_digits_train_on_the_device_path_and_learn(tmp_path):
-    tiny = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
-            "++model.kwargs.global_pool=avg", "++model.kwargs.class_token=false", "model.kwargs.drop_path_rate=0"]
-    cfg = compose_config(tmp_path, ["model=vit_softmax", *tiny, "data.batch_size=32", "module.optim.lr=3e-3",
-                                    "data.device_cache=true", "trainer.max_epochs=10", *QUIET])
+    cfg = compose_config(tmp_path, ["model=vit_softmax", "debug=digits", "data.device_cache=true"])
     metrics = train(cfg)
     assert metrics["val/acc1"] > 0.6, metrics  # 10 classes: chance is 0.1
     assert metrics["global_step"] == 10 * (1437 // 32)  # 1,437 training digits, last partial batch dropped
@@ -164,7 +154,7 @@ def test_the_gpu_zoo_recipe_takes_the_device_path(tmp_path):
     """zoo_gpu asks for data.device_cache=true, so its augmentation must be one the device path has."""
     from hydra.utils import instantiate
 
-    _folder(tmp_path / "data", per_class=12)
+    write_image_folder(tmp_path / "data", per_class=12)
     cfg = compose_config(tmp_path, ["experiment=zoo_gpu", "model=vit_softmax", f"data.root={tmp_path / 'data'}",
                                     "data.batch_size=4"])
     dm = instantiate(cfg.data)
@@ -175,7 +165,7 @@ def test_the_gpu_zoo_recipe_takes_the_device_path(tmp_path):
 
 
 def test_a_validate_only_setup_decodes_nothing(tmp_path):
-    _folder(tmp_path)
+    write_image_folder(tmp_path)
     dm = _module(tmp_path)
     dm.setup("validate")
     assert dm.device_splits is None and not (tmp_path / ".vitzoo-cache").exists()

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import vitzoo
-from conftest import compose_config
+from conftest import compose_config, run_python
 from vitzoo.export import WEIGHTS_NAME, export_checkpoint, export_model, load_exported
 from vitzoo.export.__main__ import main as export_cli
 from vitzoo.training import ImageClassifier, load_classifier, train
@@ -66,9 +64,7 @@ def test_export_rebuilds_identical_logits_in_a_fresh_process(tmp_path):
             expected.append(net(x) if head else net.forward_head(net.forward_features(x), pre_logits=True))
         dirs.append(str(export_checkpoint(ckpt, tmp_path / f"export{i}", head=head)))
     save_file({"x": x}, str(tmp_path / "input.safetensors"))
-    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(tmp_path), *dirs], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_python("-c", _FRESH_PROCESS, tmp_path, *dirs, check=True)
     got = load_file(str(tmp_path / "output.safetensors"))
     for i, want in enumerate(expected):
         assert torch.equal(got[f"y{i}"], want), cases[i]
@@ -176,8 +172,8 @@ def test_cli_keeps_an_existing_export_unless_forced(tmp_path, capsys):
     assert "ckpt_path" not in capsys.readouterr().err  # the CLI takes the checkpoint as an argument, not a key
 
 
-def test_training_run_exports_its_best_checkpoint(tmp_path, fast_overrides):
-    cfg = compose_config(tmp_path, [*fast_overrides, "model=vit_softmax", "trainer.max_epochs=2",
+def test_training_run_exports_its_best_checkpoint(tmp_path):
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_softmax", "trainer.max_epochs=2",
                                     "callbacks.export_best.head=false"])  # on by default
     metrics = train(cfg)
     best, _ = load_classifier(metrics["best_ckpt"])

@@ -4,14 +4,12 @@ written something keeps it, with the error line in its log."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict
 
 import pytest
 
-from conftest import FAST_DATA, FAST_VIT, ROOT
+from conftest import ROOT, run_python
 
 NO_TORCH = "raise ImportError('torch was imported before the check')\n"
 
@@ -24,8 +22,7 @@ def _start(script: str, args, cwd: Path, *, block_torch: bool = False):
         (fake / "torch").mkdir(parents=True, exist_ok=True)
         (fake / "torch" / "__init__.py").write_text(NO_TORCH)
         env["PYTHONPATH"] = os.pathsep.join([str(fake), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, capture_output=True, text=True,
-                          env=env, timeout=300)
+    return run_python(ROOT / script, *args, cwd=cwd, env=env)
 
 
 def _tree(root: Path) -> Dict[str, int]:
@@ -55,7 +52,7 @@ def test_a_check_that_needs_no_model_answers_before_torch_and_leaves_nothing(tmp
 
 
 def test_a_refused_start_after_the_imports_leaves_nothing(tmp_path):
-    proc = _start("train.py", [*FAST_DATA, "model.attention.name=no_such_attention"], tmp_path)
+    proc = _start("train.py", ["debug=tiny_vit", "model.attention.name=no_such_attention"], tmp_path)
     _refused(proc, "no_such_attention")
     assert list(tmp_path.iterdir()) == []
 
@@ -63,16 +60,16 @@ def test_a_refused_start_after_the_imports_leaves_nothing(tmp_path):
 @pytest.mark.slow
 def test_a_refused_resume_leaves_the_run_as_it_was_and_a_failed_run_keeps_its_error(tmp_path):
     run = tmp_path / "run"
-    done = _start("train.py", [*FAST_DATA, *FAST_VIT, "trainer.max_epochs=1", f"hydra.run.dir={run}"], tmp_path)
+    done = _start("train.py", ["debug=tiny_vit", f"hydra.run.dir={run}"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     before = _tree(tmp_path)
-    other = _start("train.py", [*FAST_DATA, *FAST_VIT, "model=vit_softmax",
+    other = _start("train.py", ["debug=tiny_vit", "model=vit_softmax",
                                 f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], tmp_path)
     _refused(other, "resume with the model= and data= options it was trained with")
     assert _tree(tmp_path) == before  # no .hydra/resume-<time>/, train.log untouched
 
     # Past its opening line a run has a record worth keeping: it stays, its log ends with the error.
-    late = _start("train.py", [*FAST_DATA, *FAST_VIT, "data.batch_size=100", f"hydra.run.dir={tmp_path / 'late'}"],
+    late = _start("train.py", ["debug=tiny_vit", "data.batch_size=100", f"hydra.run.dir={tmp_path / 'late'}"],
                   tmp_path)
     _refused(late, "lower data.batch_size")
     log = (tmp_path / "late" / "train.log").read_text().strip().splitlines()

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 import vitzoo
-from conftest import FAST_DATA, FAST_VIT, QUIET, compose_config
+from conftest import compose_config
 from vitzoo.export import export_model
 from vitzoo.models import initialise_from
 from vitzoo.training import build_classifier, load_classifier, train
@@ -227,7 +227,7 @@ def _hydra_teacher(tmp_path):
 
 def test_model_init_from_reaches_the_model_in_hydra(tmp_path):
     teacher, path = _hydra_teacher(tmp_path)
-    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "model=vit_linear", f"model.init_from={path}"])
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_linear", f"model.init_from={path}"])
     from hydra.utils import instantiate
     module = build_classifier(cfg, instantiate(cfg.data))
     mine = module.model.state_dict()
@@ -238,7 +238,7 @@ def test_model_init_from_reaches_the_model_in_hydra(tmp_path):
 @pytest.mark.slow
 def test_a_resumed_run_takes_its_weights_from_the_checkpoint_not_init_from(tmp_path):
     _, path = _hydra_teacher(tmp_path)
-    base = [*FAST_DATA, *FAST_VIT, *QUIET, "model=vit_softmax"]
+    base = ["debug=tiny_vit", "model=vit_softmax"]
     train(compose_config(tmp_path / "run", [*base, "trainer.max_epochs=1", f"model.init_from={path}"]))
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     broken = _save(vitzoo.create_model("nonlocal_resnet18_cifar", channels=[16, 32, 64, 128], stem_width=16),

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import FAST_DATA, FAST_VIT, ROOT
+from conftest import ROOT, run_python
 from vitzoo.training import read_checkpoint
 
-RUN = [*FAST_DATA, *FAST_VIT, "model=vit_softmax", "trainer.accelerator=cpu", "trainer.log_every_n_steps=1",
-       "callbacks.attention_entropy=null"]  # 64 images, batch 16: 4 steps per epoch
+RUN = ["debug=tiny_vit", "model=vit_softmax", "callbacks.attention_entropy=null"]  # 64 images, batch 16: 4 steps an epoch
 NOISE = ("GPU available", "TPU available", "Tip:", "FLOPs", "LeafSpec", "Trainer.fit` stopped", "INFO: ")
 
 
@@ -41,6 +40,7 @@ def first_run(tmp_path_factory):
     return root, run, text
 
 
+@pytest.mark.slow
 def test_a_redirected_run_logs_every_epoch_and_a_closing_sentence(first_run):
     _, run, text = first_run
     assert f"run directory {run}: vit_cifar (softmax attention)" in text
@@ -66,6 +66,7 @@ def _steps(event_file: Path, tag: str):
     return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_resuming_from_last_ckpt_continues_in_the_same_run_dir(first_run):
     root, run, _ = first_run
     text = _train(["trainer.max_epochs=3", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"],
@@ -110,9 +111,7 @@ _PINNED = textwrap.dedent("""
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 def test_pools_follow_a_one_core_affinity():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    proc = subprocess.run([sys.executable, "-c", _PINNED], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python("-c", _PINNED, env=env, check=True)
     lines = proc.stdout.splitlines()
     assert "threads 1 1" in lines and "workers 0 4" in lines, proc.stdout
     assert any(line.startswith("num_workers=4 but this process may use 1 CPU(s); set num_workers=auto (= 0)")

@@ -14,14 +14,10 @@ import pytest
 from hydra.utils import instantiate
 from PIL import Image
 
-from conftest import compose_config
+from conftest import QUIET, compose_config
 from test_segmentation import export_dir  # noqa: F401  (the tiny linear-attention ViT export fixture)
 from vitzoo.segmentation.predict import predict
 from vitzoo.training import train
-
-QUIET = ["callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false", "trainer.accelerator=cpu",
-         "trainer.enable_model_summary=false", "trainer.log_every_n_steps=5"]
-
 
 def _blobs(rng: np.random.Generator, h: int, w: int):
     """(grayscale uint8 image, 0/255 mask) with 2-4 bright discs as foreground."""
@@ -53,7 +49,7 @@ def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(expor
                  "data.class_names=[background,blob]", "data.img_size=32",
                  "data.batch_size=8", "data.repeats=4", "data.num_workers=0", f"module.backbone={export_dir}",
                  "module.lr=3e-3", "module.backbone_lr_ratio=1.0", "module.warmup_epochs=0.5", "trainer.max_epochs=3",
-                 *QUIET]
+                 *(f"+{q}" for q in QUIET), "trainer.log_every_n_steps=5"]  # the segment config has no debug group
     cfg = compose_config(tmp_path / "run", overrides, name="segment")
 
     dm = instantiate(cfg.data)

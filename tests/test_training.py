@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict
 
@@ -16,7 +14,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import RichProgressBar
 
-from conftest import FAST_DATA, FAST_RESNET, FAST_VIT, QUIET, ROOT, SyncOps, compose_config
+from conftest import SyncOps, compose_config, run_python
 from vitzoo.data import DigitsDataModule
 from vitzoo.robustness.run import evaluate_checkpoints
 from vitzoo.training import (ImageClassifier, ThrottledProgressBar, build_classifier, build_optimizer, evaluate,
@@ -74,12 +72,10 @@ def test_unknown_recipe_option_names_the_valid_ones():
         ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, optim=dict(lrate=1.0))
 
 
+@pytest.mark.slow
 def test_digits_training_learns_and_checkpoint_rebuilds_the_model(tmp_path):
     """A real (small) run: accuracy rises far above chance; the checkpoint alone rebuilds the net."""
-    tiny = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
-            "++model.kwargs.global_pool=avg", "++model.kwargs.class_token=false", "model.kwargs.drop_path_rate=0"]
-    cfg = compose_config(tmp_path, ["model=vit_softmax", *tiny, "data.batch_size=32", "module.optim.lr=3e-3",
-                                    "trainer.max_epochs=10", *QUIET])
+    cfg = compose_config(tmp_path, ["model=vit_softmax", "debug=digits"])
     metrics = train(cfg)
     assert metrics["val/acc1"] > 0.6, metrics          # 10 classes: chance is 0.1
     assert metrics["val/acc5"] >= metrics["val/acc1"]
@@ -134,11 +130,11 @@ def _scalars(run: Path) -> Dict[str, Dict[int, float]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["mid-epoch", "epoch boundary"])
-def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, fast_overrides, stop):
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop):
     """Crash after step 11 of 16 (epoch 1, batch 3), resume from last.ckpt: written mid-epoch at the crash, or
     (no step checkpoint) at the end of epoch 0. Augmentation, drop-path and (at the boundary) mixup draw random
     numbers; the resumed run must log and end with the very numbers of the run that never stopped."""
-    base = [*fast_overrides, "trainer.max_epochs=2", "data.num_train=128", "++model.kwargs.drop_path_rate=0.2"]
+    base = ["debug=tiny_vit", "trainer.max_epochs=2", "data.num_train=128", "model.kwargs.drop_path_rate=0.2"]
     if stop == "epoch boundary":
         base += ["callbacks.step_checkpoint=null", "module.mixup.mixup_alpha=0.4"]
     full = train(compose_config(tmp_path / "full", base))
@@ -165,8 +161,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, fast_overrides, st
     assert all(torch.equal(final["state_dict"][k], v) for k, v in expected["state_dict"].items())
 
 
-def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_path, fast_overrides):
-    base = [*fast_overrides, "trainer.max_epochs=2", "data.num_train=128"]  # 8 steps per epoch
+def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_path):
+    base = ["debug=tiny_vit", "trainer.max_epochs=2", "data.num_train=128"]  # 8 steps per epoch
     full = train(compose_config(tmp_path / "full", base))
     assert full["global_step"] == 16
 
@@ -183,7 +179,7 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
     (tmp_path / "crash" / ".hydra" / "overrides.yaml").write_text("- model=vit_linear\n- data=synthetic\n")
     with pytest.raises(ValueError, match=r"was trained with attention=.*'linear'.*this run: .*'softmax'.*"
                                          r"started with 'model=vit_linear data=synthetic'"):
-        train(compose_config(tmp_path / "other", [*base, "model=vit_softmax", *FAST_VIT, f"ckpt_path={last}"]))
+        train(compose_config(tmp_path / "other", [*base, "model=vit_softmax", f"ckpt_path={last}"]))
 
     resumed = train(compose_config(tmp_path / "resumed", [*base, f"ckpt_path={last}"]))
     assert resumed["global_step"] == full["global_step"] and resumed["epoch"] == full["epoch"]
@@ -196,10 +192,10 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
     assert sched["_last_lr"] == pytest.approx(sched_ref["_last_lr"], rel=1e-12)
 
 
-def test_last_ckpt_holds_the_final_step_when_the_best_epoch_is_an_earlier_one(tmp_path, fast_overrides):
+def test_last_ckpt_holds_the_final_step_when_the_best_epoch_is_an_earlier_one(tmp_path):
     # monitor=epoch, mode=min: the best checkpoint is epoch 0 whatever the accuracy does; the step
     # checkpoint last writes at step 15 of 16.
-    metrics = train(compose_config(tmp_path, [*fast_overrides, "trainer.max_epochs=2", "data.num_train=128",
+    metrics = train(compose_config(tmp_path, ["debug=tiny_vit", "trainer.max_epochs=2", "data.num_train=128",
                                               "callbacks.model_checkpoint.monitor=epoch",
                                               "callbacks.model_checkpoint.mode=min",
                                               "callbacks.step_checkpoint.every_n_train_steps=5"]))
@@ -207,8 +203,8 @@ def test_last_ckpt_holds_the_final_step_when_the_best_epoch_is_an_earlier_one(tm
     assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == metrics["global_step"] == 16
 
 
-def test_mixup_ema_and_bf16_options_train(tmp_path, fast_overrides):
-    cfg = compose_config(tmp_path, [*fast_overrides, "callbacks=ema", "callbacks.rich_progress_bar=null",
+def test_mixup_ema_and_bf16_options_train(tmp_path):
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "callbacks=ema", "callbacks.rich_progress_bar=null",
                                     "callbacks.ema.decay=0.5", "module.mixup.mixup_alpha=0.8",
                                     "module.mixup.cutmix_alpha=1.0", "trainer.precision=bf16-mixed",
                                     "trainer.max_epochs=1"])
@@ -221,18 +217,17 @@ def test_mixup_ema_and_bf16_options_train(tmp_path, fast_overrides):
     assert any(not torch.equal(averaged[k], current[k]) for k in averaged if k.startswith("model."))
 
 
-def _run(args, cwd, timeout=300):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def _run(*args):
+    return run_python(*args, env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_log_world_reduced_metrics(tmp_path):
     """trainer=ddp with 2 gloo processes: logged val metrics cover both halves of the val set."""
     run_dir = tmp_path / "ddp"
-    data = [*FAST_DATA, "data.num_val=64"]
-    proc = _run(["train.py", "trainer=ddp", "trainer.devices=2", *QUIET, *data, *FAST_VIT, "trainer.max_epochs=1",
-                 "callbacks.attention_entropy=null", f"hydra.run.dir={run_dir}"], cwd=ROOT)
+    data = ["debug=tiny_vit", "data.num_val=64"]
+    proc = _run("train.py", "trainer=ddp", "trainer.devices=2", *data, "callbacks.attention_entropy=null",
+                f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = json.loads((run_dir / "metrics.json").read_text())
     assert logged["global_step"] == 2  # 64 images, batch 16 per process, 2 processes
@@ -251,7 +246,7 @@ def test_ddp_two_cpu_processes_log_world_reduced_metrics(tmp_path):
 def test_cli_errors_are_one_line_naming_the_fix(tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"this is not a checkpoint")
-    proc = _run(["eval.py", f"ckpt_path={bad}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=ROOT)
+    proc = _run("eval.py", f"ckpt_path={bad}", f"hydra.run.dir={tmp_path / 'eval'}")
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "use another .ckpt" in lines[0], proc.stderr
@@ -272,7 +267,7 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
     ops show where a GPU would wait. Lightning itself reads every step's prog_bar metrics, and the stock bar
     needs them: with it the check sees a sync per step; ours reads the step loss once a second."""
     recipe = ["module.mixup.mixup_alpha=0.8", "module.mixup.cutmix_alpha=1.0", "module.optim.fused=true"]
-    cfg = compose_config(tmp_path, [*FAST_DATA, *FAST_VIT, "data.num_train=320", *recipe])
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "data.num_train=320", *recipe])
     datamodule = instantiate(cfg.data)
     module = build_classifier(cfg, datamodule)
     if bar == "stock":  # the step loss logged with prog_bar, read by the stock bar
@@ -298,8 +293,8 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
 def test_channels_last_gives_the_same_logits_and_gradients(tmp_path, preset):
     """module.channels_last is a memory layout, not a different network: logits and loss gradients agree with
     the default layout's."""
-    size = FAST_RESNET if preset.startswith("nonlocal") else FAST_VIT
-    cfg = compose_config(tmp_path, [*FAST_DATA, *size, f"model={preset}"])
+    tiny = "debug=tiny_resnet" if preset.startswith("nonlocal") else "debug=tiny_vit"
+    cfg = compose_config(tmp_path, [tiny, f"model={preset}"])
     datamodule = instantiate(cfg.data)
     torch.manual_seed(0)
     plain = build_classifier(cfg, datamodule)
@@ -318,10 +313,10 @@ def test_channels_last_gives_the_same_logits_and_gradients(tmp_path, preset):
         ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, channels_last="yes")
 
 
-def test_the_progress_bar_lets_go_of_the_console_before_the_lines_that_end_a_run(tmp_path, fast_overrides):
+def test_the_progress_bar_lets_go_of_the_console_before_the_lines_that_end_a_run(tmp_path):
     """The export's line and the closing sentence come in on_fit_end and after: the bar must be stopped by
     then (a line written under a live bar is overwritten, or sits between two copies of the bar)."""
-    cfg = compose_config(tmp_path, fast_overrides)
+    cfg = compose_config(tmp_path, ["debug=tiny_vit"])
     datamodule = instantiate(cfg.data)
     bar, stopped = ThrottledProgressBar(), []
 

@@ -10,12 +10,12 @@ from hydra.utils import instantiate
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from conftest import FAST_DATA, QUIET, compose_config
+from conftest import compose_config
 from vitzoo.training import build_classifier, train
 from vitzoo.training.transfer import attention_layers
 
-# Two 32-wide blocks on 16 px synthetic images (vit_cifar: patch 4, MLP ratio 2), so per-layer losses have two rows.
-SMALL = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"]
+# debug=tiny_vit with two blocks (vit_cifar: patch 4, MLP ratio 2), so per-layer losses have two rows.
+SMALL = ["debug=tiny_vit", "model.kwargs.depth=2"]
 
 
 def _teacher_file(tmp_path, num_classes=10):
@@ -32,7 +32,7 @@ def _teacher_file(tmp_path, num_classes=10):
 
 def _config(tmp_path, *overrides, init_from=None):
     source = [f"model.init_from={init_from}"] if init_from else []
-    return compose_config(tmp_path, [*FAST_DATA, *QUIET, *SMALL, "experiment=transfer", "module.optim.lr=1e-2",
+    return compose_config(tmp_path, [*SMALL, "experiment=transfer", "module.optim.lr=1e-2",
                                      "module.optim.warmup_epochs=0", *source, *overrides])
 
 

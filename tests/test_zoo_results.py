@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 
 import zoo_results  # noqa: E402
 
@@ -92,7 +90,6 @@ def test_merge_refuses_another_recipe_budget_or_format_and_writes_nothing(tmp_pa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_gpu_budget_without_a_gpu_is_one_line_naming_the_ways_on():
-    result = subprocess.run([sys.executable, "benchmarks/zoo.py", "--budget", "gpu", "--data", ROOT,
-                             "--presets", "vit_softmax"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = run_python("benchmarks/zoo.py", "--budget", "gpu", "--data", ROOT, "--presets", "vit_softmax")
     assert result.returncode != 0 and result.stderr.strip().count("\n") == 0
     assert "--budget cpu, or --phases report --merge" in result.stderr
