@@ -11,7 +11,7 @@ def test_help_lists_the_presets_of_each_script():
     assert "  model: nonlocal_resnet_linear," in train and "vit_linear*" in train and "  data: " in train
     assert "model/base" not in train and "robustness" not in train and "  hydra:" not in train
     evaluate = run_python("eval.py", "--help").stdout.split("== Config")[0]
-    assert "  robustness: clean, default*, zoo" in evaluate and "  model:" not in evaluate
+    assert "  robustness: benchmark, clean, default*, zoo" in evaluate and "  model:" not in evaluate
 
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
