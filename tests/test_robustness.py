@@ -152,8 +152,8 @@ def test_bad_sweep_options_name_the_fix():
         Sweep(protocol="tiny")
     with pytest.raises(ValueError, match=r"robustness.attack='apgd'; choose pgd .* or autoattack"):
         Sweep(adversarial=(8,), attack="apgd")
-    with pytest.raises(ValueError, match=r"robustness.attack=autoattack attacks at the radii of "
-                                         r"robustness.adversarial, which is empty; add e.g. robustness.adversarial=\[8\]"):
+    with pytest.raises(ValueError, match=r"robustness.attack=autoattack attacks at the radii of robustness."
+                                         r"adversarial, which is empty; add e.g. robustness.adversarial=\[8\]"):
         Sweep(attack="autoattack")
 
 
