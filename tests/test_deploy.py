@@ -114,7 +114,11 @@ def test_onnx_exporters_in_onnxruntime(attention, backbone, dynamo, size):
         assert_logits(onnx_logits(model, x, dynamo, run_on=other), model(other))
 
 
-@pytest.mark.parametrize("backbone", BACKBONES)
+# the ViT rows are the fast run; the non-local ResNet rows (2-3 s each) are marked slow
+COMPILE_BACKBONES = ["vit", pytest.param("resnet", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("backbone", COMPILE_BACKBONES)
 @pytest.mark.parametrize("attention", SPECS, ids=SPEC_IDS)
 def test_torch_export_and_compile_fullgraph(attention, backbone):
     model, x = build(backbone, attention), inputs()
@@ -156,10 +160,10 @@ def test_torchscript_is_refused_with_one_clear_error():
         torch.jit.script(build("vit", "linear"))
 
 
-# the fused linear op (recorded as its formula) and a grid-bound mixture, resampled at the other size
-# (the built size of synth_mix is in the slow run: resampling at the other size is the harder case)
+# the fused linear op (recorded as its formula) and a grid-bound mixture, resampled at the other size; the fast
+# run exports the ViT at the other size (the harder case), the slow run also the built size and the ResNet
 ENTRY_CASES = [("linear", "vit", "built")] + [
-    pytest.param("synth_mix", backbone, size, marks=pytest.mark.slow if size == "built" else (),
+    pytest.param("synth_mix", backbone, size, marks=() if (backbone, size) == ("vit", "other") else pytest.mark.slow,
                  id=f"synth_mix-{backbone}-{size}") for backbone in BACKBONES for size in SIZES]
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import QUIET, ROOT, compose_config
+from conftest import ROOT, compose_config
 from test_corruptions_released import write_cifar_c, write_imagenet_c
 from vitzoo import robustness
 from vitzoo.data import DigitsDataModule
@@ -22,10 +22,6 @@ from vitzoo.robustness.report import write_results
 from vitzoo.robustness.sweep import ENTROPY_IMAGES, resolution_size
 from vitzoo.training import load_classifier, read_checkpoint, train
 
-TINY = ["++model.kwargs.depth=2", "++model.kwargs.embed_dim=64", "++model.kwargs.num_heads=2",
-        "++model.kwargs.global_pool=avg", "++model.kwargs.class_token=false", "model.kwargs.drop_path_rate=0",
-        "data.batch_size=32", "module.optim.lr=3e-3", "trainer.max_epochs=10"]
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
@@ -33,7 +29,7 @@ def checkpoints(tmp_path_factory):
     out = {}
     for preset in ("vit_softmax", "vit_linear"):
         run = tmp_path_factory.mktemp(preset)
-        metrics = train(compose_config(run, [f"model={preset}", *TINY, *QUIET]))
+        metrics = train(compose_config(run, [f"model={preset}", "debug=digits"]))
         assert metrics["val/acc1"] > 0.7, metrics
         out[preset] = run / "checkpoints" / "last.ckpt"
     return out
@@ -54,6 +50,7 @@ def sweep_pass(model, hp, step, sweep=Sweep(), loaders=None):
 
 
 # -- the sweep ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_zero_logit_noise_reproduces_clean_accuracy_exactly_and_noise_changes_it(checkpoints):
     model, hp = load_classifier(checkpoints["vit_softmax"])
     clean = sweep_pass(model, hp, Pass("clean", 0))
@@ -65,6 +62,7 @@ def test_zero_logit_noise_reproduces_clean_accuracy_exactly_and_noise_changes_it
     assert all(m.eval_logit_noise == 0 for m in model.modules() if hasattr(m, "eval_logit_noise"))
 
 
+@pytest.mark.slow
 def test_clean_pass_matches_the_training_pipeline(checkpoints):
     """[0, 1] images normalised in the sweep == the data module's own normalised val images."""
     model, hp = load_classifier(checkpoints["vit_linear"])
@@ -74,6 +72,7 @@ def test_clean_pass_matches_the_training_pipeline(checkpoints):
     assert clean["num_images"] == 360
 
 
+@pytest.mark.slow
 def test_accuracy_falls_monotonically_with_gaussian_severity(checkpoints):
     model, hp = load_classifier(checkpoints["vit_softmax"])
     sweep = Sweep(protocol="imagenet")  # digits are 16 px: the CIFAR strengths barely touch them
@@ -104,6 +103,7 @@ def test_every_checkpoint_sees_the_same_corrupted_images():
     assert not torch.equal(first, clean_inputs)
 
 
+@pytest.mark.slow
 def test_resolution_pass_runs_at_a_patch_multiple(checkpoints):
     model, hp = load_classifier(checkpoints["vit_linear"])  # 16 px, patch 4
     loaders = {}
@@ -192,6 +192,7 @@ def test_summary_mean_drop_and_mce_follow_hendrycks():
 
 
 # -- eval.py --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
     ckpts = f"{{softmax: {checkpoints['vit_softmax']}, linear: {checkpoints['vit_linear']}}}"
     cfg = compose_config(tmp_path, [f"ckpt_path={ckpts}", "robustness.corruptions=[gaussian_noise,contrast]",
@@ -223,6 +224,7 @@ def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
     assert set(metrics) == {"softmax", "linear"} and metrics["linear"]["num_images"] == 360
 
 
+@pytest.mark.slow
 def test_val_split_held_in_memory_gives_the_streamed_results(checkpoints, tmp_path, monkeypatch):
     overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness.corruptions=[shot_noise]",
                  "robustness.severities=[5]", "robustness.logit_noise=[1]", "robustness.resolutions=[2]",
@@ -233,6 +235,7 @@ def test_val_split_held_in_memory_gives_the_streamed_results(checkpoints, tmp_pa
     assert len(in_memory) == 4 and in_memory == streamed
 
 
+@pytest.mark.slow
 def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
     cfg = compose_config(tmp_path, [f"ckpt_path=[{checkpoints['vit_softmax']},{checkpoints['vit_linear']}]",
                                     "robustness=clean", f"robustness.baseline={checkpoints['vit_linear']}",
@@ -242,6 +245,7 @@ def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
     assert payload["summary"]["linear"]["clean_acc1"] == payload["metrics"]["linear"]["acc1"]
 
 
+@pytest.mark.slow
 def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
     ckpt = checkpoints["vit_softmax"]
     proc = subprocess.run([sys.executable, "eval.py", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}",
@@ -288,6 +292,7 @@ def _released_digits(root, layout):
     return torch.from_numpy(images), torch.from_numpy(labels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["cifar", "imagenet"])
 def test_eval_reads_the_released_files_as_released(checkpoints, tmp_path, layout, monkeypatch):
     """source=files: the corruption passes score the files' images, only normalised (corrupt() is never
@@ -320,6 +325,7 @@ def test_eval_reads_the_released_files_as_released(checkpoints, tmp_path, layout
     assert payload["source"] == "files" and payload["root"] == str((tmp_path / "released").resolve())
 
 
+@pytest.mark.slow
 def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
     def evaluate(*overrides):
         return evaluate_checkpoints(compose_config(tmp_path / "e", [f"ckpt_path={checkpoints['vit_softmax']}",
@@ -346,6 +352,7 @@ def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
         evaluate("robustness.source=disk")
 
 
+@pytest.mark.slow
 def test_eval_refuses_a_missing_frost_or_attack_install_before_the_first_pass(checkpoints, tmp_path, monkeypatch):
     """A sweep would die at its frost or attack pass after minutes of others: the installs are checked first."""
     from vitzoo.robustness.corruptions import weather
@@ -364,6 +371,7 @@ def test_eval_refuses_a_missing_frost_or_attack_install_before_the_first_pass(ch
         evaluate_checkpoints(compose_config(tmp_path / "b", [*overrides, "robustness.adversarial=[2]"], name="eval"))
 
 
+@pytest.mark.slow
 def test_eval_warns_when_the_run_trained_on_other_data(checkpoints, tmp_path, caplog):
     """Same class count, other data: the checkpoint's run (.hydra/config.yaml) says what it trained on."""
     run = tmp_path / "run"
@@ -381,6 +389,7 @@ def test_eval_warns_when_the_run_trained_on_other_data(checkpoints, tmp_path, ca
                    for m in said) == warned, said
 
 
+@pytest.mark.slow
 def test_attention_noise_switches_every_layer_on_and_restores_it(checkpoints):
     model, _ = load_classifier(checkpoints["vit_linear"])
     layers = [m for m in model.modules() if hasattr(m, "eval_logit_noise")]
@@ -440,6 +449,7 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
 
 ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
 
+@pytest.mark.slow
 def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkpoints):
     pytest.importorskip("torchattacks", reason=ATTACKS)
     from vitzoo.robustness.adversarial import adversarial_accuracy
@@ -477,6 +487,7 @@ def test_autoattack_is_at_least_as_strong_as_pgd_on_a_trained_digits_model(check
         adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"), attack="apgd")
 
 
+@pytest.mark.slow
 def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
     pytest.importorskip("torchattacks", reason=ATTACKS)
     overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness=clean", "robustness.adversarial=[2,8]",

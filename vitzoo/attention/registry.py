@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Collection, Dict, Mapping, Tuple, Union
 
+from ..options import reject_unknown
 from .base import ZooAttention
 
 __all__ = ["Spec", "Registry", "register_attention", "list_attentions", "resolve_attention", "attention_options",
@@ -71,10 +72,7 @@ class Registry:
         if not isinstance(name, str) or name not in self._entries:
             raise ValueError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
         cls, preset = self._entries[name]
-        valid = self.options(cls)
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(f"{self.kind} {name!r} has no option(s) {unknown}; valid options: {valid}")
+        reject_unknown(f"{self.kind} {name!r}", options, self.options(cls))
         return cls, {**preset, **options}
 
 

@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitzoo
+from vitzoo.options import reject_unknown
 
 from .optim import build_optimizer, build_scheduler
 from .resume import ExactResume
@@ -33,9 +34,7 @@ def build_model(hparams: Mapping[str, Any]) -> nn.Module:
 
 def checked_options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[str, Any]) -> Dict[str, Any]:
     """``given`` over ``defaults``: an unknown key or a non-number for a number is a one-line error naming ``name``."""
-    unknown = sorted(set(given or {}) - set(defaults))
-    if unknown:
-        raise ValueError(f"{name} has no option(s) {unknown}; valid options: {sorted(defaults)}")
+    reject_unknown(name, given or {}, defaults)
     for key, value in (given or {}).items():
         if isinstance(defaults[key], float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"{name}.{key} must be a number, got {value!r}")
