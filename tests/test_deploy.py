@@ -145,7 +145,8 @@ def test_fused_linear_attention_is_one_op_to_torch_export_and_compile():
 
 
 def test_legacy_onnx_export_of_the_fused_linear_path_is_the_eager_model():
-    """The TorchScript-based exporter once froze the fused kernel's result into a wrong model (0.41 off)."""
+    """The TorchScript-based exporter can freeze the fused kernel's result into a constant (a model 0.41 off on
+    other inputs): the export must answer as eager PyTorch on an input other than the one it traced."""
     torch.manual_seed(0)
     model = vitzoo.create_model("vit_tiny", attention="linear", img_size=32, patch_size=8, num_classes=10,
                                 embed_dim=64, depth=2, num_heads=2).eval()
