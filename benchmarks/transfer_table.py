@@ -4,12 +4,17 @@ and the robustness the converted network keeps beside its teacher's.
 
     python benchmarks/transfer_table.py --data <dir holding train/> --work logs/transfer \\
         --presets vit_linear,vit_hedgehog --stage1 0.25 --stage2 0.5          # train what is missing, then report
-    python benchmarks/transfer_table.py --work logs/transfer --phases report    # the table, CSV and plot only
+    python benchmarks/transfer_table.py --data <dir> --work logs/transfer --presets vit_linear \\
+        --tag distill --override transfer.distill=1.0                           # a variant, in vit_linear-distill/
+    python benchmarks/transfer_table.py --work logs/transfer --phases report \\
+        --presets vit_linear,vit_linear-distill                                  # the table, CSV and plot only
 
 Work folder: ``teacher/`` (vit_softmax, experiment=zoo_cpu, ``--teacher-epochs``; its ``export/`` is every
 student's ``model.init_from``), ``<preset>/loaded.json`` (the stage-1 run's starting student on the val split),
 ``<preset>/stage1/`` and ``<preset>/stage2/`` (train.py runs, experiment=transfer_cpu). ``--stage1`` / ``--stage2``
-are epochs of training images (a fraction runs as trainer.limit_train_batches). A run with a metrics.json is done;
+are epochs of training images (a fraction runs as trainer.limit_train_batches). ``--tag T --override K=V ...``
+trains a variant of each preset (the overrides added to its loaded student and both stages) into ``<preset>-T/``,
+beside the plain runs and from the same teacher; the report takes such names in ``--presets``. A run with a metrics.json is done;
 one with a last.ckpt resumes. Each run's wall time (``wall_s.json``) sums its attempts. The ``robustness`` phase
 runs eval.py on the teacher's and each finished stage 2's best checkpoint (the 15 benchmark corruptions x 5
 severities and PGD L-inf 2/255 on the first 1,000 images of the val split they trained on) into
@@ -26,7 +31,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 from zoo import run_logged  # noqa: E402  (sibling script modules)
@@ -65,12 +70,23 @@ def _train(run_dir: Path, args: List[str]) -> None:
     print(f"[train] {run_dir}: {time.time() - start:.0f} s", flush=True)
 
 
-def stage_args(preset: str, data: Path, teacher: Path) -> List[str]:
+def stage_args(preset: str, data: Path, teacher: Path, overrides: Sequence[str] = ()) -> List[str]:
     return ["experiment=transfer_cpu", f"model={preset}", f"data.root={data}", f"model.init_from={teacher / 'export'}",
-            *model_overrides(BUDGET, preset)]
+            *model_overrides(BUDGET, preset), *overrides]
 
 
-def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path) -> None:
+def run_name(preset: str, tag: str = "") -> str:
+    """The work folder (and table row) of ``preset``'s runs: ``vit_linear``, or ``vit_linear-distill`` for a tag."""
+    return f"{preset}-{tag}" if tag else preset
+
+
+def split_name(name: str) -> Tuple[str, str]:
+    """(preset, tag) of a run name; presets use underscores, so the first '-' starts the tag."""
+    preset, _, tag = name.partition("-")
+    return preset, tag
+
+
+def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides: Sequence[str] = ()) -> None:
     """Val accuracy of the student stage 1 starts from (and of its teacher), built as train.py builds it."""
     if out.is_file():
         print(f"[done] {out}", flush=True)
@@ -84,7 +100,7 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path) -> None:
 
     size_thread_pools()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=stage_args(preset, data, teacher))
+        cfg = compose("train", overrides=stage_args(preset, data, teacher, overrides))
     datamodule = instantiate_config(cfg.data)
     datamodule.setup("fit")
     module = build_classifier(cfg, datamodule)
@@ -169,26 +185,28 @@ def robustness_cells(run: Path, label: str) -> Dict[str, object]:
                             pgd if summary.get("attack_check") == "ok" else "attack check failed")}
 
 
-def collect(work: Path, presets: List[str]) -> List[dict]:
+def collect(work: Path, names: List[str]) -> List[dict]:
+    """One row per run name (a preset, or ``<preset>-<tag>`` for a variant) that has a loaded student or a stage 1."""
     labels = dict((preset, label) for label, preset in zoo_presets())
     teacher = _read(work / "teacher" / "metrics.json")
     teacher_robustness = dict(zip(TEACHER_ROBUSTNESS, robustness_cells(work / "teacher", "teacher").values()))
     scratch = scratch_accuracy()
     rows = []
-    for preset in presets:
-        loaded = _read(work / preset / "loaded.json")
-        s1, s2 = _read(work / preset / "stage1" / "metrics.json"), _read(work / preset / "stage2" / "metrics.json")
+    for name in names:
+        preset, tag = split_name(name)
+        loaded = _read(work / name / "loaded.json")
+        s1, s2 = _read(work / name / "stage1" / "metrics.json"), _read(work / name / "stage2" / "metrics.json")
         if loaded is None and s1 is None:
             continue
-        w1, w2 = _read(work / preset / "stage1" / "wall_s.json"), _read(work / preset / "stage2" / "wall_s.json")
-        row = {"mechanism": labels.get(preset, preset), "preset": preset,
+        w1, w2 = _read(work / name / "stage1" / "wall_s.json"), _read(work / name / "stage2" / "wall_s.json")
+        row = {"mechanism": labels.get(preset, preset) + (f", {tag}" if tag else ""), "preset": name,
                "loaded": loaded and loaded["val/acc1"], "stage 1": s1 and s1["val/acc1"],
                "stage 2": s2 and s2["val/acc1"], "from scratch": scratch.get(preset),
                "teacher": teacher and teacher["best_score"],  # the checkpoint its export (init_from) holds
                "stage 1 min": w1 and w1["wall_s"] / 60, "stage 2 min": w2 and w2["wall_s"] / 60,
                "stage 1 val transfer loss": s1 and s1.get("val/transfer_loss")}
         row["% of teacher"] = row["stage 2"] / row["teacher"] * 100 if row["stage 2"] and row["teacher"] else None
-        rows.append({**row, **robustness_cells(work / preset / "stage2", preset), **teacher_robustness})
+        rows.append({**row, **robustness_cells(work / name / "stage2", name), **teacher_robustness})
     return rows
 
 
@@ -331,11 +349,18 @@ def main() -> None:
     p.add_argument("--teacher-epochs", type=float, default=2.0)
     p.add_argument("--stage1", type=float, default=0.5, help="stage 1's epochs of training images")
     p.add_argument("--stage2", type=float, default=1.5, help="stage 2's epochs of training images")
+    p.add_argument("--tag", default="", help="a variant's name: its runs go to <preset>-<tag>/ (letters, digits, _)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a train.py override for the variant's loaded student and both stages (repeatable; needs --tag)")
     args = p.parse_args()
     phases, presets = args.phases.split(","), args.presets.split(",")
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         raise SystemExit(f"--phases: unknown {unknown}; choose from {list(PHASES)}")
+    if args.override and not args.tag:
+        raise SystemExit("--override changes the runs: give it a --tag, so that they go beside the plain ones")
+    if args.tag and not args.tag.replace("_", "").isalnum():
+        raise SystemExit(f"--tag={args.tag!r}: use letters, digits and _ only (the folder is <preset>-<tag>)")
     if set(phases) - {"report"} and (args.data is None or not (args.data / "train").is_dir()):
         raise SystemExit(f"--data={args.data}: give the folder holding train/<class>/*.jpg")
     work, teacher = args.work.resolve(), args.work.resolve() / "teacher"
@@ -344,22 +369,23 @@ def main() -> None:
                          *model_overrides(BUDGET, "vit_softmax"), *epoch_overrides(args.teacher_epochs)])
     if "robustness" in phases:
         evaluate_robustness("teacher", teacher, args.data)
-    for preset in presets:
-        base = stage_args(preset, args.data, teacher)
+    names = [run_name(preset, args.tag) for preset in presets]
+    for preset, name in zip(presets, names):
+        base = stage_args(preset, args.data, teacher, args.override)
         if "loaded" in phases:
-            evaluate_loaded(preset, args.data, teacher, work / preset / "loaded.json")
+            evaluate_loaded(preset, args.data, teacher, work / name / "loaded.json", args.override)
         if "stage1" in phases:
-            _train(work / preset / "stage1", [*base, "transfer.stage=1", *epoch_overrides(args.stage1)])
+            _train(work / name / "stage1", [*base, "transfer.stage=1", *epoch_overrides(args.stage1)])
         if "stage2" in phases:
-            student = work / preset / "stage1" / "checkpoints" / "last.ckpt"
-            _train(work / preset / "stage2", [*base, "transfer.stage=2", *epoch_overrides(args.stage2),
-                                              f"transfer.student={student}"])
+            student = work / name / "stage1" / "checkpoints" / "last.ckpt"
+            _train(work / name / "stage2", [*base, "transfer.stage=2", *epoch_overrides(args.stage2),
+                                            f"transfer.student={student}"])
         if "robustness" in phases:
-            evaluate_robustness(preset, work / preset / "stage2", args.data)
+            evaluate_robustness(name, work / name / "stage2", args.data)
         if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows
-            write_report(collect(work, presets), args.out, work)
+            write_report(collect(work, names), args.out, work)
     if phases == ["report"]:
-        write_report(collect(work, presets), args.out, work)
+        write_report(collect(work, names), args.out, work)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,30 @@ def test_robustness_phase_evaluates_the_best_checkpoint_on_the_tables_split_once
             "robustness.adversarial=[2]", "robustness.max_images=1000", "robustness.logit_noise=[]",
             f"hydra.run.dir={run.parent / 'robustness'}"} <= set(cmd)
     assert (run.parent / "robustness" / "wall_s.json").is_file()
+
+
+def test_a_tagged_variant_is_its_own_row_beside_the_plain_run(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    _write(work / "teacher" / "metrics.json", {"best_score": 0.5})
+    for name, acc in (("vit_linear", 0.45), (transfer_table.run_name("vit_linear", "distill"), 0.47)):
+        _write(work / name / "loaded.json", {"val/acc1": 0.1, "num_images": 5000})
+        _write(work / name / "stage2" / "metrics.json", {"val/acc1": acc, "global_step": 8})
+    assert transfer_table.run_name("vit_linear", "distill") == "vit_linear-distill"
+    assert transfer_table.split_name("vit_linear_relu-qk_freeze") == ("vit_linear_relu", "qk_freeze")
+
+    rows = transfer_table.collect(work, ["vit_linear", "vit_linear-distill"])
+    transfer_table.write_report(rows, out, work)
+    plain, variant = rows
+    assert (plain["mechanism"], variant["mechanism"]) == ("linear (elu+1)", "linear (elu+1), distill")
+    assert variant["preset"] == "vit_linear-distill" and variant["stage 2"] == 0.47
+    assert variant["from scratch"] == plain["from scratch"] == transfer_table.scratch_accuracy()["vit_linear"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--override", "transfer.distill=1.0"], "give it a --tag"),
+    (["--tag", "kd/1", "--override", "transfer.distill=1.0"], "letters, digits and _ only"),
+])
+def test_a_variant_needs_a_plain_tag(args, message, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["transfer_table.py", "--phases", "report", *args])
+    with pytest.raises(SystemExit, match=message):
+        transfer_table.main()
