@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 sys.path.append(str(ROOT / "benchmarks"))  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
 
+ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
 QUIET = ["debug=quiet"]  # on the CPU, a log line every step, no progress bar (the tiny and digits runs include it)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import ROOT, compose_config
+from conftest import ATTACKS, ROOT, compose_config
 from test_corruptions_released import write_cifar_c, write_imagenet_c
 from vitzoo import robustness
 from vitzoo.data import DigitsDataModule
@@ -446,8 +446,6 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     logged = (run / "eval.log").read_text().splitlines()
     assert [line.split("] ", 1)[1] for line in logged] == said  # the log holds every line the console showed
 
-
-ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
 
 @pytest.mark.slow
 def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkpoints):
