@@ -9,17 +9,17 @@ and the robustness the converted network keeps beside its teacher's.
     python benchmarks/transfer_table.py --work logs/transfer --phases report \\
         --presets vit_linear,vit_linear-distill                                  # the table, CSV and plot only
 
-Work folder: ``teacher/`` (vit_softmax, experiment=zoo_cpu, ``--teacher-epochs``; its ``export/`` is every
-student's ``model.init_from``), ``<preset>/loaded.json`` (the stage-1 run's starting student on the val split),
+Work folder: ``teacher/`` (vit_softmax, experiment=zoo_cpu, ``--teacher-epochs``; its ``export/`` is every student's
+``model.init_from``), ``<preset>/loaded.json`` (the stage-1 run's starting student on the val split),
 ``<preset>/stage1/`` and ``<preset>/stage2/`` (train.py runs, experiment=transfer_cpu). ``--stage1`` / ``--stage2``
 are epochs of training images (a fraction runs as trainer.limit_train_batches). ``--tag T --override K=V ...``
 trains a variant of each preset (the overrides added to its loaded student and both stages) into ``<preset>-T/``,
-beside the plain runs and from the same teacher; the report takes such names in ``--presets``. A run with a metrics.json is done;
-one with a last.ckpt resumes. Each run's wall time (``wall_s.json``) sums its attempts. The ``robustness`` phase
-runs eval.py on the teacher's and each finished stage 2's best checkpoint (the 15 benchmark corruptions x 5
-severities and PGD L-inf 2/255 on the first 1,000 images of the val split they trained on) into
-``teacher/robustness/`` and ``<preset>/robustness/``; one with a robustness.json is done. The report goes to
-``--out`` (results.md, results.csv, transfer.png).
+from the same teacher; its report sets each variant row under its plain run's, and a report-only call takes such
+names in ``--presets``. A run with a metrics.json is done; one with a last.ckpt resumes. Each run's wall time
+(``wall_s.json``) sums its attempts. The ``robustness`` phase runs eval.py on the teacher's and each finished stage
+2's best checkpoint (the 15 benchmark corruptions x 5 severities and PGD L-inf 2/255 on the first 1,000 images of
+the val split they trained on) into ``teacher/robustness/`` and ``<preset>/robustness/``; one with a robustness.json
+is done. The report goes to ``--out`` (results.md, results.csv, transfer.png).
 """
 from __future__ import annotations
 
@@ -351,7 +351,8 @@ def main() -> None:
     p.add_argument("--stage2", type=float, default=1.5, help="stage 2's epochs of training images")
     p.add_argument("--tag", default="", help="a variant's name: its runs go to <preset>-<tag>/ (letters, digits, _)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="a train.py override for the variant's loaded student and both stages (repeatable; needs --tag)")
+                   help="a train.py override for the variant's loaded student and both stages (repeatable; "
+                        "needs --tag)")
     args = p.parse_args()
     phases, presets = args.phases.split(","), args.presets.split(",")
     unknown = sorted(set(phases) - set(PHASES))
@@ -370,6 +371,7 @@ def main() -> None:
     if "robustness" in phases:
         evaluate_robustness("teacher", teacher, args.data)
     names = [run_name(preset, args.tag) for preset in presets]
+    rows = list(dict.fromkeys(row for preset, name in zip(presets, names) for row in (preset, name)))  # plain first
     for preset, name in zip(presets, names):
         base = stage_args(preset, args.data, teacher, args.override)
         if "loaded" in phases:
@@ -383,9 +385,9 @@ def main() -> None:
         if "robustness" in phases:
             evaluate_robustness(name, work / name / "stage2", args.data)
         if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows
-            write_report(collect(work, names), args.out, work)
+            write_report(collect(work, rows), args.out, work)
     if phases == ["report"]:
-        write_report(collect(work, names), args.out, work)
+        write_report(collect(work, rows), args.out, work)
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def test_robustness_phase_evaluates_the_best_checkpoint_on_the_tables_split_once
     assert (run.parent / "robustness" / "wall_s.json").is_file()
 
 
-def test_a_tagged_variant_is_its_own_row_beside_the_plain_run(tmp_path):
+def test_a_tagged_variant_is_its_own_row_beside_the_plain_run(tmp_path, monkeypatch):
     work, out = tmp_path / "work", tmp_path / "out"
     _write(work / "teacher" / "metrics.json", {"best_score": 0.5})
     for name, acc in (("vit_linear", 0.45), (transfer_table.run_name("vit_linear", "distill"), 0.47)):
@@ -127,6 +127,13 @@ def test_a_tagged_variant_is_its_own_row_beside_the_plain_run(tmp_path):
     assert (plain["mechanism"], variant["mechanism"]) == ("linear (elu+1)", "linear (elu+1), distill")
     assert variant["preset"] == "vit_linear-distill" and variant["stage 2"] == 0.47
     assert variant["from scratch"] == plain["from scratch"] == transfer_table.scratch_accuracy()["vit_linear"]
+
+    # a tagged call's report sets the variant under its plain run (it does not drop the plain rows)
+    monkeypatch.setattr("sys.argv", ["transfer_table.py", "--phases", "report", "--work", str(work), "--out",
+                                     str(out / "tagged"), "--presets", "vit_linear", "--tag", "distill"])
+    transfer_table.main()
+    with open(out / "tagged" / "results.csv") as f:
+        assert [row["preset"] for row in csv.DictReader(f)] == ["vit_linear", "vit_linear-distill"]
 
 
 @pytest.mark.parametrize("args, message", [
