@@ -43,6 +43,7 @@ SCRATCH = ROOT / "docs" / "zoo" / "cpu" / "results.csv"
 SCRATCH_IMAGES = 89_856  # the zoo's cpu budget: 2 epochs x 351 steps x 128 images
 ROBUSTNESS_IMAGES = 1000  # the first val images of the split the runs trained on
 PGD_EPS = 2  # PGD L-inf radius in grey levels of 255
+SEED = 0  # every run's, and the loaded student's
 
 
 def epoch_overrides(epochs: float) -> List[str]:
@@ -57,7 +58,7 @@ def _train(run_dir: Path, args: List[str]) -> None:
     if (run_dir / "metrics.json").is_file():
         print(f"[done] {run_dir}", flush=True)
         return
-    cmd = [sys.executable, "train.py", "seed=0", f"hydra.run.dir={run_dir}", *args]
+    cmd = [sys.executable, "train.py", f"seed={SEED}", f"hydra.run.dir={run_dir}", *args]
     last = run_dir / "checkpoints" / "last.ckpt"
     if last.is_file():
         cmd.append(f"ckpt_path={last}")
@@ -87,23 +88,22 @@ def split_name(name: str) -> Tuple[str, str]:
 
 
 def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides: Sequence[str] = ()) -> None:
-    """Val accuracy of the student stage 1 starts from (and of its teacher), built as train.py builds it."""
+    """Val accuracy of the student stage 1 starts from (and of its teacher): built, seeded, as train.py builds it,
+    so that a mechanism's randomly initialised parameters are the stage-1 run's."""
     if out.is_file():
         print(f"[done] {out}", flush=True)
         return
     from hydra import compose, initialize_config_dir
 
-    from vitzoo.training.evaluate import evaluate
     from vitzoo.runtime import size_thread_pools
-    from vitzoo.training.run import build_classifier
-    from vitzoo.utils import instantiate_config
+    from vitzoo.training import build_run, evaluate
 
     size_thread_pools()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=stage_args(preset, data, teacher, overrides))
-    datamodule = instantiate_config(cfg.data)
+        cfg = compose("train", overrides=[f"seed={SEED}", *stage_args(preset, data, teacher, overrides),
+                                          "transfer.stage=1"])
+    datamodule, module = build_run(cfg)
     datamodule.setup("fit")
-    module = build_classifier(cfg, datamodule)
     start = time.time()
     student = evaluate(module.model, datamodule.val_dataloader())
     seconds = time.time() - start

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from conftest import compose_config
-from vitzoo.training import build_classifier, train
+from vitzoo.training import build_classifier, build_run, train
 from vitzoo.training.transfer import attention_layers
 
 # debug=tiny_vit with two blocks (vit_cifar: patch 4, MLP ratio 2), so per-layer losses have two rows.
@@ -91,6 +91,35 @@ def test_stage_1_lowers_the_transfer_loss_and_changes_only_the_attention(preset,
     assert all(torch.equal(a, b) for a, b in zip(_v_rows(module, before), _v_rows(module, after)))
     if qk == "train":
         assert any(".in_proj." in name for name in changed)
+
+
+class SaveStateAtFitStart(L.Callback):
+    """Writes the module's state dict to ``path`` as fitting starts (used through +callbacks.keep)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_fit_start(self, trainer, pl_module):
+        torch.save(pl_module.state_dict(), self.path)
+
+
+def test_build_run_gives_the_network_a_run_starts_from_with_its_own_random_parameters(tmp_path):
+    """What benchmarks/transfer_table.py evaluates as the loaded student is the stage-1 run's first network: Linformer's
+    E/F projections start at a random initialisation, which must be the run's (seeded), not another draw."""
+    source, start = _teacher_file(tmp_path), tmp_path / "start.pt"
+    run = ["model=vit_linformer", "trainer.max_epochs=1", "++trainer.limit_train_batches=1",
+           "++trainer.limit_val_batches=1", "+callbacks.keep._target_=test_transfer.SaveStateAtFitStart",
+           f"+callbacks.keep.path={start}"]
+    train(_config(tmp_path / "run", *run, init_from=source))
+    started = torch.load(start, weights_only=True)
+    own = [name for name in started if name.endswith((".attn.e.weight", ".attn.f.weight"))]
+    assert own, sorted(started)  # the mechanism has parameters the teacher does not give
+
+    torch.manual_seed(123)  # whatever ran before in this process
+    _, module = build_run(_config(tmp_path / "build", *run, init_from=source))
+    assert all(torch.equal(t, started[name]) for name, t in module.state_dict().items())
+    unseeded, _ = _build(_config(tmp_path / "other", *run, init_from=source))
+    assert not all(torch.equal(unseeded.state_dict()[name], started[name]) for name in own)
 
 
 def test_a_softmax_student_matches_its_teacher_and_the_row_loss_is_the_teachers_entropy(tmp_path):

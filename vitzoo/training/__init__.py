@@ -4,10 +4,10 @@ from .evaluate import evaluate, load_classifier, read_checkpoint, run_record
 from .module import ImageClassifier, build_model
 from .optim import build_optimizer, build_scheduler, warmup_cosine
 from .progress import EpochLog, ThrottledProgressBar
-from .run import build_classifier, train
+from .run import build_classifier, build_run, train
 
 __all__ = [
     "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
-    "build_optimizer", "build_scheduler", "warmup_cosine", "train", "build_classifier", "run_record", "EpochLog",
+    "build_optimizer", "build_scheduler", "warmup_cosine", "train", "build_classifier", "build_run", "run_record", "EpochLog",
     "ThrottledProgressBar",
 ]

@@ -6,7 +6,7 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import lightning as L
 import torch
@@ -23,7 +23,7 @@ from .module import ImageClassifier
 from .progress import closing_summary, console_is_terminal, opening_line
 from .transfer import AttentionTransfer, initialise
 
-__all__ = ["train", "build_classifier"]
+__all__ = ["train", "build_classifier", "build_run"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,17 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
     if not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
         initialise(module, model.get("init_from"))
     return module
+
+
+def build_run(cfg: DictConfig) -> Tuple[L.LightningDataModule, L.LightningModule]:
+    """The data module and LightningModule of ``cfg``, seeded with ``cfg.seed`` first as :func:`train` builds them:
+    what this returns is the network a run of ``cfg`` starts from, its randomly initialised parameters included
+    (a mechanism's own ones after ``init_from``)."""
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = instantiate_config(cfg.data)
+    module = instantiate_config(cfg.module) if "_target_" in cfg.module else build_classifier(cfg, datamodule)
+    return datamodule, module
 
 
 def _floats(metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
@@ -108,12 +119,9 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     started = time.monotonic()
     quiet_lightning()
     threads = size_thread_pools()
-    if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path = cfg.get("ckpt_path")
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None  # clear errors before Lightning's
-    datamodule = instantiate_config(cfg.data)
-    module = instantiate_config(cfg.module) if "_target_" in cfg.module else build_classifier(cfg, datamodule)
+    datamodule, module = build_run(cfg)
     if checkpoint is not None:
         _check_resume(checkpoint, module, ckpt_path)
     run_dir = Path(cfg.paths.output_dir)
