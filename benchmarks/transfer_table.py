@@ -29,6 +29,7 @@ import json
 import math
 import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -322,7 +323,7 @@ def _bars(ax, rows: List[dict], series, interval=None) -> None:
             errors = [[100 * (v - lo) for v, (lo, _) in zip(values, bounds)],
                       [100 * (hi - v) for v, (_, hi) in zip(values, bounds)]]
         ax.bar(xs, [100 * v for v in values], width, yerr=errors, capsize=2 if errors else 0, label=key)
-    ax.set_xticks(range(len(rows)), [row["mechanism"] for row in rows], fontsize=8)
+    ax.set_xticks(range(len(rows)), [textwrap.fill(row["mechanism"], 16) for row in rows], fontsize=8)  # no overlap
     ax.set_ylim(0, 100)
 
 
