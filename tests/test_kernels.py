@@ -282,14 +282,17 @@ def test_worker_pool_is_single_threaded_and_leaves_other_threads_alone():
 
     from vitzoo.kernels._threads import single_threaded_pool
 
-    main = torch.get_num_threads()
-    assert single_threaded_pool(2).map(lambda _: torch.get_num_threads(), range(4)) == [1] * 4
+    def in_a_new_thread():
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    main, new_thread = torch.get_num_threads(), in_a_new_thread()  # what earlier tests left, whatever it is
+    assert single_threaded_pool(3).map(lambda _: torch.get_num_threads(), range(6)) == [1] * 6  # a pool made here
     assert torch.get_num_threads() == main
-    seen = []
-    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-    thread.start()
-    thread.join()
-    assert seen == [main]  # a thread started later still gets the process default
+    assert in_a_new_thread() == new_thread  # a thread started later still gets the process default
 
 
 def test_many_slices_on_torch_threads_match_few_slices_on_workers():
