@@ -277,22 +277,20 @@ def test_inference_mode_and_autocast():
         torch.testing.assert_close(fused_linear_attention(q, k, v, impl="torch", chunk=16), base)
 
 
-def test_worker_pool_is_single_threaded_and_leaves_other_threads_alone():
+def test_worker_pool_is_single_threaded_and_leaves_other_threads_alone(monkeypatch):
     import threading
 
-    from vitzoo.kernels._threads import single_threaded_pool
+    from vitzoo.kernels import _threads
 
-    def in_a_new_thread():
-        seen = []
-        thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-        thread.start()
-        thread.join()
-        return seen[0]
-
-    main, new_thread = torch.get_num_threads(), in_a_new_thread()  # what earlier tests left, whatever it is
-    assert single_threaded_pool(3).map(lambda _: torch.get_num_threads(), range(6)) == [1] * 6  # a pool made here
+    monkeypatch.setattr(_threads, "_pools", {})  # a pool made here, whatever earlier tests made
+    main = torch.get_num_threads()
+    assert _threads.single_threaded_pool(2).map(lambda _: torch.get_num_threads(), range(4)) == [1] * 4
     assert torch.get_num_threads() == main
-    assert in_a_new_thread() == new_thread  # a thread started later still gets the process default
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert seen == [main]  # a thread started later gets the creating thread's count, not the workers' 1
 
 
 def test_many_slices_on_torch_threads_match_few_slices_on_workers():
