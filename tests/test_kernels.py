@@ -457,7 +457,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
     import torch
     from vitzoo.attention import functional as AF
     from vitzoo.kernels import fused_linear_attention
-    from attention_reference import kernel_ref
+    from attention_reference import kernel_ref, phi
     from test_kernels import assert_close_rel, grads
 
     def inputs(b, h, nq, nk, d, dv, layout):
@@ -493,6 +493,22 @@ _TRITON_SCRIPT = textwrap.dedent("""
     xs = torch.randn(3, 1, 2, 40, 16, generator=torch.Generator().manual_seed(2))
     vmapped = [torch.vmap(lambda a: AF.linear_attention(a, a, a, impl=impl))(xs) for impl in ("triton", "eager")]
     assert_close_rel(*vmapped, 1e-5)
+    from vitzoo.kernels.triton_linear import triton_backward, triton_forward
+
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    out, S, z = triton_forward(q, k, v, "elu", 1e-6)  # 40 tokens: one split, its partial is the state
+    assert S.is_contiguous() and z.is_contiguous()
+    assert_close_rel(S, (phi(k.double(), "elu").transpose(-2, -1) @ v.double()).flatten(0, 1), 1e-5)
+    dout = torch.randn_like(out)
+    dense = triton_backward(dout, q, k, v, S, z, "elu", 1e-6, [True] * 3)
+    strided = (S.transpose(1, 2).contiguous().transpose(1, 2), torch.stack([z, z], -1)[..., 0])
+    assert not any(t.is_contiguous() for t in strided)  # a saved state handed back strided: same gradients
+    assert all(map(torch.equal, dense, triton_backward(dout, q, k, v, *strided, "elu", 1e-6, [True] * 3)))
+    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1e-2)):  # tf32x3 / tf32 dots, fp32 sums
+        half = [t.to(dtype) for t in (q, k, v)]
+        out = fused_linear_attention(*half, impl="triton")
+        assert out.dtype == dtype
+        assert_close_rel(out, kernel_ref(*[t.double() for t in half], "elu")[0], tol)
     empty = fused_linear_attention(*[torch.randn(0, 2, 5, 16)] * 3, impl="triton")  # nothing to launch
     assert empty.shape == (0, 2, 5, 16)
     try:

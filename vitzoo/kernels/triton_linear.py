@@ -6,7 +6,11 @@ over (batch*heads, splits) programs and writes fp32 partials that are summed in 
 Backward (same notation as ``torch_linear``) recomputes the features: ``_dq_kernel`` reads q, dO
 once, writes dq and partials of [dS | dz]; ``_dkv_kernel`` reads k, v once and writes dk, dv.
 Only q, k, v, S, z are saved. Feature maps: elu (+1), relu and identity; q, k up to 256 features,
-v up to 128 channels.
+v up to 128 channels. A reduction with one split (short sequences, e.g. a ViT's few hundred tokens) takes
+its one partial as the sum, with no second pass over fp32 partials. S, z and dS are made contiguous before a
+kernel reads them (the kernels index them as dense (B*H, D, Dv) and (B*H, D) arrays).
+Dots: IEEE fp32 for fp32 inputs; TF32 for bf16 (its truncation, ~1e-3, is below bf16's rounding); three-pass
+TF32 for fp16, whose rounding (~5e-4) a TF32 truncation would approach.
 Launches: batch*heads on grid axis 0 (CUDA caps axes 1 and 2 at 65,535), 64-bit token offsets,
 autotuning keyed on a power-of-two bucket of the token count; the reductions' token block and warp
 count are fixed, so S, z, dS, dz have the same bits in every process.
@@ -228,11 +232,21 @@ def _partials(bh: int, splits: int, d: int, dv: int, device):
             torch.empty(bh, splits, d, device=device, dtype=torch.float32))
 
 
+DOT_PRECISION = {torch.float32: "ieee", torch.bfloat16: "tf32", torch.float16: "tf32x3"}  # fp32 operands either way
+
+
 def _meta(q, v, feature_map: str):
     d, dv = q.shape[-1], v.shape[-1]
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 operands either way
     return dict(D=d, DV=dv, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv), FEATURE=KERNEL_MAPS[feature_map],
-                PREC=prec)
+                PREC=DOT_PRECISION[q.dtype])
+
+
+def _reduced(ps: torch.Tensor, pz: torch.Tensor):
+    """The sum over the splits of (B*H, splits, D, Dv) and (B*H, splits, D) partials, in a fixed order; one split
+    is its own sum (a view, no pass over the partials)."""
+    if ps.shape[1] == 1:
+        return ps[:, 0], pz[:, 0]
+    return ps.sum(1), pz.sum(1)
 
 
 def _reduce_meta(meta):
@@ -247,7 +261,7 @@ def _forward(q, k, v, feature_map: str, eps: float):
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
     _state_kernel[(B * H, splits)](k, v, ps, pz, nk, _pow2(nk), H, per_split, *k.stride(), *v.stride(), **meta,
                                    **_reduce_meta(meta))
-    S, z = ps.sum(1), pz.sum(1)  # fixed-order sum of the partials: deterministic
+    S, z = _reduced(ps, pz)  # fixed-order sum of the partials: deterministic
     out = torch.empty(B, H, N, v.shape[-1], device=q.device, dtype=v.dtype)
     _output_kernel[_block_grid(B * H, N)](q, S, z, out, N, _pow2(N), H, eps, *q.stride(), *out.stride(), **meta)
     return out, S, z
@@ -256,12 +270,13 @@ def _forward(q, k, v, feature_map: str, eps: float):
 def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
     (B, H, N, d), nk = q.shape, k.shape[2]
     meta = _meta(q, v, feature_map)
+    S, z = S.contiguous(), z.contiguous()  # saved state may come back strided (a compiler's or vmap's copy)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if needs[0] else q  # else never written
     splits, per_split = _split(B * H, N, _sms(q.device))
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
     _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, _pow2(N), H, per_split, eps, *q.stride(),
                                 *dout.stride(), *dq.stride(), NEED_DQ=needs[0], **meta, **_reduce_meta(meta))
-    dS, dz = ps.sum(1), pz.sum(1)
+    dS, dz = _reduced(ps, pz)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if needs[1] else k  # else never written
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if needs[2] else v
     if needs[1] or needs[2]:
