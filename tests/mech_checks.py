@@ -55,13 +55,16 @@ def backward_at_both_resolutions(spec):
             yield model
 
 
-def check_double_resolution(spec, reference):
+def check_double_resolution(spec, reference, prepare=None):
     """Both backbones on 64 px inputs (twice their 32 px build): every attention layer sees the doubled grid
-    and its output is ``module_out(reference(layer, q, k, v))`` on its recorded input (float64)."""
+    and its output is ``module_out(reference(layer, q, k, v))`` on its recorded input (float64). ``prepare``,
+    if given, is called on each attention layer first (to set parameters that start at 0, say)."""
     for name, model in backbones(spec).items():
         model = model.double().eval()
         seen = []
         layers = [m for m in model.modules() if isinstance(m, ZooAttention)]
+        for layer in layers if prepare is not None else ():
+            prepare(layer)
         hooks = [m.register_forward_hook(lambda m, args, out, seen=seen: seen.append((m, args[0], out)))
                  for m in layers]
         with torch.no_grad():

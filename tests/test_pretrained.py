@@ -90,7 +90,8 @@ def _timm_qkv(block, tokens):
 @pytest.mark.parametrize("attention, own", [
     ("linear", []),
     ("performer", ["blocks.*.attn.phi.{seed,step,weight}"]),
-    ("focused_linear", ["blocks.*.attn.phi.scale", "blocks.*.attn.dwc.{weight,bias}"]),
+    ("focused_linear", ["blocks.*.attn.phi.scale", "blocks.*.attn.pos.{weight,layout}",
+                        "blocks.*.attn.dwc.{weight,bias}"]),
     ("agent", ["blocks.*.attn.dwc.{weight,bias}"]),
     ("linformer", ["blocks.*.attn.e.{weight,layout}", "blocks.*.attn.f.{weight,layout}"]),
     ("synth_random", ["blocks.*.attn.synth.{weight,layout}"]),
