@@ -1,4 +1,5 @@
-"""Segmentation network: a ``features_only`` backbone (an export, or a zoo architecture) + ``MLPDecoder``."""
+"""Segmentation network: a ``features_only`` backbone (an export, or a zoo architecture), an optional neck
+(``simple_fpn``: ViTDet's pyramid for a plain ViT) and ``MLPDecoder``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +14,7 @@ from vitzoo.attention import AttentionSpec
 from vitzoo.export import load_exported
 
 from .decoder import MLPDecoder
+from .neck import SimpleFeaturePyramid, check_neck
 
 __all__ = ["SegmentationNet", "create_backbone"]
 
@@ -59,13 +61,20 @@ class SegmentationNet(nn.Module):
     Normalises with the backbone's ``pretrained_cfg`` mean/std (averaged for a 1-channel input to an RGB
     backbone), so data pipelines stay in [0, 1].
     H and W must be multiples of the backbone's largest feature stride (the patch size for a ViT).
+    ``neck="simple_fpn"`` feeds the decoder ViTDet's pyramid (strides p/4 .. 2p) built from a plain ViT's
+    last map instead of the backbone's levels; a backbone with a pyramid of its own refuses it.
     """
 
-    def __init__(self, backbone: nn.Module, num_classes: int, channels: int = 128, dropout: float = 0.1):
+    def __init__(self, backbone: nn.Module, num_classes: int, channels: int = 128, dropout: float = 0.1,
+                 neck: Optional[str] = None):
         super().__init__()
         self.backbone = backbone
-        self.stride = max(backbone.feature_info.reduction())
-        self.decoder = MLPDecoder(backbone.feature_info.channels(), num_classes, channels, dropout)
+        reductions = backbone.feature_info.reduction()
+        check_neck(neck, reductions)
+        self.stride = max(reductions)
+        self.neck = SimpleFeaturePyramid(backbone.feature_info.channels()[-1], self.stride, channels) if neck else None
+        levels = self.neck.channels() if neck else backbone.feature_info.channels()
+        self.decoder = MLPDecoder(levels, num_classes, channels, dropout)
         cfg = backbone.pretrained_cfg
         self.in_chans = _first_conv(backbone).in_channels
         self.register_buffer("mean", _per_channel(cfg["mean"], self.in_chans), persistent=False)
@@ -76,5 +85,6 @@ class SegmentationNet(nn.Module):
         if H % self.stride or W % self.stride:
             raise ValueError(f"input {H}x{W} is not divisible by the backbone stride {self.stride}; "
                              f"resize or crop to a multiple of {self.stride} (data.img_size)")
-        logits = self.decoder(self.backbone((images - self.mean) / self.std))
+        features = self.backbone((images - self.mean) / self.std)
+        logits = self.decoder(self.neck(features) if self.neck is not None else features)
         return F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)

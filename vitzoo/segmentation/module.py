@@ -16,6 +16,7 @@ from vitzoo.training.optim import build_scheduler
 
 from .inference import sliding_window_probs
 from .labels import check_class_names
+from .losses import SegmentationLoss, balanced_class_weights
 from .model import SegmentationNet, create_backbone
 from .scores import format_scores, segmentation_scores
 
@@ -25,11 +26,14 @@ log = logging.getLogger(__name__)
 
 
 class SegmentationModule(L.LightningModule):
-    """Per-pixel cross-entropy on ``(images in [0, 1], masks)`` batches.
+    """Per-pixel ``loss`` (``ce|dice|focal|lovasz|ce+dice``, ``SegmentationLoss``) on ``(images in [0, 1], masks)``
+    batches, with ``class_weights`` (a list, or ``balanced``: inverse pixel frequency of the training masks, read
+    from the data module's histogram at setup); the start-up log states both.
 
     ``backbone``: an export directory (``python -m vitzoo.export ... --no-head``) or an
     architecture name (then ``attention`` / ``model_kwargs`` apply). ``out_indices`` picks the
-    feature levels (default: the backbone's own, e.g. 4 blocks spread over a ViT's depth). The
+    feature levels (default: the backbone's own, e.g. 4 blocks spread over a ViT's depth); ``neck=simple_fpn``
+    builds ViTDet's pyramid from a plain ViT's last level instead (``SegmentationNet``). The
     backbone learns at ``lr * backbone_lr_ratio``; AdamW with warmup + cosine, stepped per batch.
 
     Validation and test take one image at its native size (``sliding_window_probs`` with ``window``, the
@@ -45,13 +49,16 @@ class SegmentationModule(L.LightningModule):
                  decoder_channels: int = 128, dropout: float = 0.1, lr: float = 1e-3, backbone_lr_ratio: float = 0.1,
                  weight_decay: float = 0.01, warmup_epochs: float = 1.0, min_lr_ratio: float = 0.01,
                  ignore_index: int = 255, in_chans: int = 3, window: Optional[Union[int, Sequence[int]]] = None,
-                 overlap: float = 0.25, flip: bool = False):
+                 overlap: float = 0.25, flip: bool = False, loss: str = "ce",
+                 class_weights: Optional[Union[str, Sequence[float]]] = None, neck: Optional[str] = None):
         super().__init__()
         self.save_hyperparameters()
         self.class_names = check_class_names(class_names, num_classes)
         self.last_validation: Optional[Tuple[int, Dict[str, float]]] = None  # (epoch, scores), for on_fit_end
+        balanced = class_weights == "balanced"
+        self.criterion = SegmentationLoss(loss, num_classes, ignore_index, None if balanced else class_weights)
         encoder = create_backbone(backbone, attention, out_indices, model_kwargs, in_chans)
-        self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout)
+        self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout, neck)
         self.confusion = nn.ModuleDict({stage: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
                                         for stage in ("val", "test")})
 
@@ -63,12 +70,26 @@ class SegmentationModule(L.LightningModule):
         hp = self.hparams
         return sliding_window_probs(self.net, image, hp.window, hp.overlap, hp.flip)
 
-    def _loss(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, masks, ignore_index=self.hparams.ignore_index)
+    def setup(self, stage: str) -> None:
+        if stage != "fit":
+            return
+        hp = self.hparams
+        weights = "none"
+        if hp.class_weights == "balanced":
+            counts = getattr(getattr(self.trainer, "datamodule", None), "class_pixels", {}).get("train")
+            if counts is None:
+                raise ValueError("module.class_weights=balanced reads the training masks' histogram from a "
+                                 "SegmentationDataModule; train with one or give a list of weights")
+            values = balanced_class_weights(counts, hp.num_classes)
+            self.criterion = SegmentationLoss(hp.loss, hp.num_classes, hp.ignore_index, values)
+            weights = "balanced (inverse pixel frequency of the training masks): " + _named(values, self.class_names)
+        elif hp.class_weights is not None:
+            weights = _named(hp.class_weights, self.class_names)
+        log.info("loss: %s, class weights %s", hp.loss, weights)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, masks = batch
-        loss = self._loss(self(images), masks)
+        loss = self.criterion(self(images), masks)
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(images))
         return loss
 
@@ -108,7 +129,8 @@ class SegmentationModule(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         groups = []
-        for part, ratio in ((self.net.backbone, hp.backbone_lr_ratio), (self.net.decoder, 1.0)):
+        head = [m for m in (self.net.neck, self.net.decoder) if m is not None]
+        for part, ratio in ((self.net.backbone, hp.backbone_lr_ratio), (nn.ModuleList(head), 1.0)):
             groups += [{**g, "lr": hp.lr * ratio} for g in param_groups_weight_decay(part, hp.weight_decay)]
         optimizer = torch.optim.AdamW(groups, lr=hp.lr)
         total = int(self.trainer.estimated_stepping_batches)
@@ -117,3 +139,7 @@ class SegmentationModule(L.LightningModule):
             raise ValueError("the LR schedule is defined in epochs; set trainer.max_epochs (>= 1)")
         scheduler = build_scheduler(optimizer, total, round(hp.warmup_epochs * total / epochs), hp.min_lr_ratio)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _named(weights: Sequence[float], names: Sequence[str]) -> str:
+    return ", ".join(f"{name} {float(w):.3g}" for name, w in zip(names, weights))
