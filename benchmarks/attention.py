@@ -3,6 +3,8 @@
     python benchmarks/attention.py                       # CPU (then CUDA if present), n = 256 .. 65536, B=1 H=3 D=64
     python benchmarks/attention.py --max-n 4096 --reps 3 --no-memory
     python benchmarks/attention.py --device cuda --dtype bf16 --batch 64 --heads 1   # the GPU target
+    python benchmarks/attention.py --device cuda --min-n 1024 --batch 2 --heads 16 --layout bnhd \
+        --mechanisms linear_triton,softmax_flash,softmax_efficient,linear_eager,fla_chunk --accuracy   # the GPU table
     python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8, batch 8: inference, train step
     python benchmarks/attention.py --e2e-only            # only that
     python benchmarks/attention.py --device cpu --min-n 16384 --max-n 16384 --retain-freed-memory   # the CPU target
@@ -13,12 +15,18 @@ path: on CPU its steps in the compiled kernel, ``linear_torch``, and in torch op
 the Triton kernels on CUDA), efficient attention, and the families users compare against:
 performer (256 random features) and focused_linear (FLatten's features) on the fused path through
 precomputed features, hydra, nystrom (64 landmarks), linformer (k = 256), agent (7x7 agents) and
-window (7x7 windows over a square grid, or 16 rows when n is not a square). Mechanisms are interleaved within each
+window (7x7 windows over a square grid, or 16 rows when n is not a square). On CUDA also SDPA with its backend
+named (``softmax_flash``, ``softmax_efficient``: FlashAttention and memory-efficient kernels) and fla's chunked
+linear attention (``fla_chunk``, fla-core: causal, normalised, raw q and k as features; the nearest published
+kernel of the class); a mechanism that cannot serve a case (flash in fp32, fla not installed) is a ``-`` cell with
+its reason printed. ``--layout bnhd`` makes q, k, v views of (B, N, H, D) tensors, the layout timm's qkv
+projection and fla take. ``--accuracy`` adds bf16 and fp16 at the largest n with std-3 inputs against float64.
+Mechanisms are interleaved within each
 repetition; a time is the best of the repetitions (``--stat min``, timeit's advice: on a shared
 machine noise only adds time) or their median (``--stat median``); ratios are against the fused
 linear path of the same run. Peak memory is the peak above the inputs:
-on CUDA ``max_memory_allocated``; on CPU the resident-set high-water mark (``VmHWM``), measured in
-a fresh subprocess per mechanism, after one warm-up call of the same case, ``malloc_trim`` and a
+on CUDA ``max_memory_allocated`` (in the same process, the peak reset before each case); on CPU the
+resident-set high-water mark (``VmHWM``), measured in a fresh subprocess per mechanism, after one warm-up call of the same case, ``malloc_trim`` and a
 reset of the mark (``/proc/self/clear_refs``), so it sees every allocation (tracemalloc would
 miss torch's). The floor: CPU, the minimal matmul FLOPs over the measured sgemm rate; CUDA, the
 bytes each path must move (read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy
@@ -60,6 +68,7 @@ from vitzoo.runtime import retain_freed_memory
 from memory import status_mib  # a sibling module: scripts run from benchmarks/ see it
 
 MODES = ("fwd", "fwd+bwd")
+LAYOUTS = ("bhnd", "bnhd")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -87,6 +96,24 @@ def kernel_module(kind: str):
     return run
 
 
+def sdpa_backend(backend: str):
+    """SDPA restricted to one backend (``FLASH_ATTENTION``, ``EFFICIENT_ATTENTION``): an error where it cannot run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run(q, k, v):
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return F.scaled_dot_product_attention(q, k, v)
+    return run
+
+
+def fla_chunk(q, k, v):
+    """fla's chunked linear attention (causal, normalised) on (B, N, H, D) views of the inputs."""
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    out, _ = chunk_linear_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), normalize=True)
+    return out.transpose(1, 2)
+
+
 @functools.lru_cache(maxsize=None)
 def _token_projection(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(256, n, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0)) / n ** 0.5
@@ -100,6 +127,8 @@ def _grid(n: int):
 
 MECHANISMS = {
     "softmax": lambda q, k, v: AF.softmax_attention(q, k, v),
+    "softmax_flash": sdpa_backend("FLASH_ATTENTION"),
+    "softmax_efficient": sdpa_backend("EFFICIENT_ATTENTION"),
     "linear_naive": linear_naive,
     "linear_eager": lambda q, k, v: AF.linear_attention(q, k, v, impl="eager"),
     "linear_torch": lambda q, k, v: AF.linear_attention(q, k, v, impl="torch"),
@@ -114,7 +143,10 @@ MECHANISMS = {
                                                      _token_projection(v.shape[-2], v.device, v.dtype)),  # k = 256
     "agent": lambda q, k, v: agent_attention(q, k, v, grid=_grid(q.shape[-2])),  # 7x7 agents
     "window": lambda q, k, v: window_attention(q, k, v, grid=_grid(q.shape[-2]), window_size=7),
+    "fla_chunk": fla_chunk,
 }
+CUDA_ONLY = ("linear_triton", "softmax_flash", "softmax_efficient", "fla_chunk")
+SOFTMAX = ("softmax", "softmax_flash", "softmax_efficient")
 
 
 def parse_args(argv=None):
@@ -124,6 +156,10 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--layout", choices=LAYOUTS, default="bhnd",
+                   help="bnhd: q, k, v are (B, H, N, D) views of (B, N, H, D) tensors (timm's qkv, fla's layout)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="also bf16 and fp16 at the largest n, std-3 inputs: the fused path against float64")
     p.add_argument("--min-n", type=int, default=256)
     p.add_argument("--max-n", type=int, default=65536)
     p.add_argument("--softmax-max-n", type=int, default=None,
@@ -138,6 +174,8 @@ def parse_args(argv=None):
                    help="also ViT-Tiny at 1024x1024 patch 8: inference and training-step img/s, linear vs softmax")
     p.add_argument("--e2e-only", action="store_true", help="only the end-to-end comparison (no sweep)")
     p.add_argument("--e2e-reps", type=int, default=2)
+    p.add_argument("--e2e-compile", default=None, metavar="BACKEND",
+                   help="also torch.compile(backend=BACKEND) of the linear model: its logits against eager, its img/s")
     p.add_argument("--e2e-batch", type=int, default=None, help="default: 8 on CUDA, 1 on CPU")
     p.add_argument("--e2e-img-size", type=int, default=1024, help="a multiple of the patch size 8")
     p.add_argument("--e2e-modes", default=None, help="comma list from inference,train (default: both on CUDA; "
@@ -153,7 +191,7 @@ def parse_args(argv=None):
     if args.softmax_max_n is None:
         args.softmax_max_n = 16384 if args.device.type == "cpu" else args.max_n
     names = args.mechanisms.split(",") if args.mechanisms else [
-        m for m in MECHANISMS if m != "linear_triton" or args.device.type == "cuda"]
+        m for m in MECHANISMS if m not in CUDA_ONLY or args.device.type == "cuda"]
     unknown = set(names) - set(MECHANISMS)
     if unknown:
         p.error(f"unknown mechanisms {sorted(unknown)}; choose from {list(MECHANISMS)}")
@@ -182,15 +220,33 @@ def fused_name(device: torch.device) -> str:
 
 
 def runs(name: str, n: int, args) -> bool:
-    return name != "softmax" or n <= args.softmax_max_n
+    return name not in SOFTMAX or n <= args.softmax_max_n
 
 
-def make_inputs(n: int, args, requires_grad: bool):
+def make_inputs(n: int, args, requires_grad: bool, dtype=None, std: float = 1.0):
+    """q, k, v (leaves, ``requires_grad``) and dO, (B, H, N, D); with ``--layout bnhd`` views of (B, N, H, D)."""
     g = torch.Generator(device=args.device).manual_seed(n)
-    shape = (args.batch, args.heads, n, args.head_dim)
-    qkv = [torch.randn(shape, generator=g, device=args.device, dtype=args.dtype).requires_grad_(requires_grad)
-           for _ in range(3)]
-    return qkv, torch.randn(shape, generator=g, device=args.device, dtype=args.dtype)
+    dtype = dtype or args.dtype
+    b, h, d = args.batch, args.heads, args.head_dim
+    shape = (b, n, h, d) if args.layout == "bnhd" else (b, h, n, d)
+
+    def draw():
+        x = (std * torch.randn(shape, generator=g, device=args.device)).to(dtype)
+        return x.transpose(1, 2) if shape[1] == n else x
+
+    qkv = [draw().requires_grad_(requires_grad) for _ in range(3)]
+    return qkv, draw()
+
+
+def refusal(name: str, args):
+    """Why ``name`` cannot run with these arguments (None when it can): one tiny call tells."""
+    try:
+        qkv, _ = make_inputs(16, args, requires_grad=False)
+        with torch.no_grad():
+            MECHANISMS[name](*qkv)
+    except (RuntimeError, ImportError, ValueError) as err:
+        return f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+    return None
 
 
 def call(name: str, mode: str, qkv, dout):
@@ -259,9 +315,9 @@ def _cuda_peak(fn, device) -> int:
     return torch.cuda.max_memory_allocated(device) - base
 
 
-def memory_worker(args) -> None:
-    """Child process: peak memory of one mechanism for every n and mode, printed as JSON."""
-    name, out = args.memory_worker, {}
+def peaks(name: str, args) -> dict:
+    """{"n,mode": peak bytes} of one mechanism for every n and mode."""
+    out = {}
     for n in args.sizes:
         if not runs(name, n, args):
             continue
@@ -271,11 +327,20 @@ def memory_worker(args) -> None:
             case = lambda: call(name, mode, qkv, dout)  # noqa: E731  (result dropped inside the window)
             peak = _cuda_peak(case, args.device) if args.device.type == "cuda" else _cpu_peak(case)
             out[f"{n},{mode}"] = peak
-    print(json.dumps(out))
+    return out
+
+
+def memory_worker(args) -> None:
+    """Child process: peak memory of one mechanism for every n and mode, printed as JSON."""
+    print(json.dumps(peaks(args.memory_worker, args)))
 
 
 def memory_all(args, argv):
-    """{(name, n, mode): peak bytes}, one fresh subprocess per mechanism."""
+    """{(name, n, mode): peak bytes}: on CUDA in this process (its allocator's peak is reset per case), on CPU one
+    fresh subprocess per mechanism."""
+    if args.device.type == "cuda":
+        return {(name, int(key.split(",")[0]), key.split(",")[1]): peak
+                for name in args.mechanisms for key, peak in peaks(name, args).items()}
     results = {}
     for name in args.mechanisms:
         proc = subprocess.run([sys.executable, __file__, *argv, "--memory-worker", name],
@@ -327,8 +392,10 @@ def report(args, times, memory, rate) -> None:
           else f"CPU, {torch.get_num_threads()} threads, "
                + ("freed memory retained" if args.retain_freed_memory else "default allocator"))
     unit = "TFLOP/s sgemm" if args.device.type == "cpu" else "TB/s copy"
-    print(f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]}; "
-          f"floor rate {rate / 1e12:.3f} {unit}")
+    print(f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]} "
+          f"{args.layout}; floor rate {rate / 1e12:.3f} {unit}")
+    for name, reason in args.refused.items():
+        print(f"not run: {name} ({reason})")
     for mode in MODES:
         print(f"\n## {mode}: ms, {args.stat} of {args.reps} (x = time / {fused})")
         print("| n | " + " | ".join(names) + " | " + " | ".join(f"{m}/{fused}" for m in names if m != fused) + " |")
@@ -446,6 +513,8 @@ def e2e(args) -> None:
         for att in models:
             rows.append(dict(mode=mode, model=f"vit_{att}", img_per_s=batch / summarise(samples[att], args),
                              peak_mb=peak.get(att)))
+    if args.e2e_compile:
+        rows.append(compiled_row(models["linear"], x, args, autocast))
     print(f"\n## end to end: ViT-Tiny {size}x{size} patch 8 ({tokens:,} tokens), batch {batch}, {args.device.type} "
           f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps} (peak: above the weights and inputs)")
     print("| mode | model | img/s | peak MB |\n|---|---|---|---|")
@@ -467,6 +536,54 @@ def e2e(args) -> None:
                              f"{r['img_per_s']:.4g}", "" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"])
 
 
+def compiled_row(model, x, args, autocast) -> dict:
+    """torch.compile of the linear model (inference): its img/s, and its logits against the eager module's."""
+    model.eval()
+    compiled = torch.compile(model, backend=args.e2e_compile)
+    with torch.inference_mode(), autocast:
+        eager, first = model(x).float(), compiled(x).float()  # the first compiled call compiles
+        err = ((first - eager).norm() / eager.norm()).item()
+        times = [timed(lambda: compiled(x), args.device) for _ in range(args.e2e_reps)]
+    print(f"torch.compile(backend={args.e2e_compile}) of vit_linear: logits relative error {err:.2e} against eager",
+          flush=True)
+    return dict(mode="inference", model=f"vit_linear compiled ({args.e2e_compile}, rel err {err:.1e})",
+                img_per_s=len(x) / summarise(times, args), peak_mb=None)
+
+
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def accuracy(args) -> None:
+    """The fused path in bf16 and fp16 at the largest n with std-3 inputs (features and state far past fp16's
+    range) against the formula in float64: finite?, norm-wise relative error of the output and of dq, dk, dv, and
+    that error in units of the dtype's roundoff."""
+    from vitzoo.kernels import naive_linear_attention
+
+    n, fused, rows = args.sizes[-1], fused_name(args.device), []
+    for dtype in UNIT_ROUNDOFF:
+        qkv, dout = make_inputs(n, args, requires_grad=True, dtype=dtype, std=3.0)
+        out = MECHANISMS[fused](*qkv)
+        grads = torch.autograd.grad(out, qkv, dout)
+        ref_in = [t.detach().double().requires_grad_(True) for t in qkv]
+        ref = naive_linear_attention(*ref_in, "elu")
+        ref_grads = torch.autograd.grad(ref, ref_in, dout.double())
+        for what, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+            err = ((got.double() - want).norm() / want.norm()).item()
+            rows.append((str(dtype)[6:], what, bool(torch.isfinite(got).all()), err, err / UNIT_ROUNDOFF[dtype]))
+        del qkv, dout, out, grads, ref_in, ref, ref_grads
+    print(f"\n## accuracy: {fused} at n={n}, std-3 inputs, against float64 (B={args.batch} H={args.heads} "
+          f"D={args.head_dim})")
+    print("| dtype | tensor | finite | relative error | / unit roundoff |\n|---|---|---|---|---|")
+    for dtype, what, finite, err, units in rows:
+        print(f"| {dtype} | {what} | {finite} | {err:.2e} | {units:.2f} |")
+    out = Path(args.out) / f"attention_{args.device.type}_accuracy.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "mechanism", "n", "dtype", "tensor", "finite", "rel_err", "unit_roundoffs"])
+        w.writerows([args.device.type, fused, n, *row[:3], f"{row[3]:.3e}", f"{row[4]:.3f}"] for row in rows)
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if parse_args_device(argv) == "all":
@@ -483,6 +600,10 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     if args.e2e_only:
         return e2e(args)
+    args.refused = {m: why for m in args.mechanisms if (why := refusal(m, args))}
+    for name, reason in args.refused.items():
+        print(f"not run: {name} ({reason})", file=sys.stderr)
+    args.mechanisms = [m for m in args.mechanisms if m not in args.refused]
     floor_rate = (lambda: matmul_rate(args.device, torch.float32)) if args.device.type == "cpu" else (
         lambda: copy_bandwidth(args.device))
     rate = floor_rate()
@@ -492,6 +613,8 @@ def main(argv=None) -> None:
     report(args, times, memory, rate)
     stem = write_files(args, times, memory, rate)
     print(f"\nwrote {stem}.csv and {stem}.png")
+    if args.accuracy:
+        accuracy(args)
     if args.e2e:
         e2e(args)
 
