@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from vitzoo.attention import build_attention
-from vitzoo.attention.nystrom import iterative_pinv, nystrom_attention
+from vitzoo.attention.nystrom import iterative_pinv, nystrom_attention, nystrom_probs, segment_means
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref, softmax_rows  # noqa: F401
 from mech_checks import backward_at_both_resolutions, gradcheck_module
 
-DIM, HEADS, N = 16, 2, 13  # 13 tokens: 4 landmarks make segments of 4, 3, 3, 3
+DIM, HEADS, N = 16, 2, 13  # 13 tokens: 4 landmarks make segments of 3, 3, 3, 4
 HD = DIM // HEADS
 
 
@@ -23,9 +23,11 @@ def build(seed=0, **options):
 
 # -- float64 reference -------------------------------------------------------------------------------
 def ref_landmarks(x, m):
-    """Segment s holds tokens ceil(s n / m) .. ceil((s + 1) n / m) - 1; its landmark is their mean."""
+    """The official image code's segments: m - n % m of n // m tokens, then n % m of n // m + 1; landmarks are
+    their means."""
     n = x.shape[-2]
-    return torch.stack([x[..., math.ceil(s * n / m):math.ceil((s + 1) * n / m), :].mean(-2) for s in range(m)], -2)
+    sizes = [n // m] * (m - n % m) + [n // m + 1] * (n % m)
+    return torch.stack([part.mean(-2) for part in x.split(sizes, dim=-2)], -2)
 
 
 def ref_pinv(a, iterations):
@@ -42,14 +44,18 @@ def ref_pinv(a, iterations):
 
 
 def ref_nystrom(q, k, v, m, iterations=6, scale=None, landmark_scale=None, noise=(0, 0, 0), conv=None):
-    """(out, implied matrix); ``conv`` (H, kernel): out_i += sum_t w[t] v_(i + t - r), zero-padded."""
+    """(out, implied matrix); exact softmax for m >= n (the official code's switch); ``conv`` (H, kernel):
+    out_i += sum_t w[t] v_(i + t - r), zero-padded."""
     scale = scale or q.shape[-1] ** -0.5
     landmark_scale = landmark_scale or q.shape[-1] ** -0.5
-    ql, kl = ref_landmarks(q, m), ref_landmarks(k, m)
-    f = softmax_rows(q @ kl.transpose(-2, -1) * landmark_scale + noise[0])
-    z = ref_pinv(softmax_rows(ql @ kl.transpose(-2, -1) * landmark_scale + noise[1]), iterations)
-    b = softmax_rows(ql @ k.transpose(-2, -1) * scale + noise[2])
-    attn = f @ z @ b
+    if m >= q.shape[-2]:
+        attn = softmax_rows(q @ k.transpose(-2, -1) * scale + noise[0])
+    else:
+        ql, kl = ref_landmarks(q, m), ref_landmarks(k, m)
+        f = softmax_rows(q @ kl.transpose(-2, -1) * landmark_scale + noise[0])
+        z = ref_pinv(softmax_rows(ql @ kl.transpose(-2, -1) * landmark_scale + noise[1]), iterations)
+        b = softmax_rows(ql @ k.transpose(-2, -1) * scale + noise[2])
+        attn = f @ z @ b
     out = attn @ v
     if conv is not None:
         r, n = conv.shape[-1] // 2, v.shape[-2]
@@ -95,14 +101,26 @@ def _band(w, n):
     return out
 
 
-def test_every_token_a_landmark_is_softmax_attention():
-    """m = n: Q~ = Q, K~ = K, so F = A = B = softmax(QK^T) and F pinv(A) B = A once the pinv has converged
-    (30 iterations; the default 6 leave an error near 1e-2)."""
+@pytest.mark.parametrize("landmarks", [N, N + 3])
+def test_every_token_a_landmark_is_exact_softmax_attention(landmarks):
+    """m >= n: softmax(QK^T) V itself, as the official code switches to (not F pinv(A) B, whose 6 iterations would
+    leave an error near 1e-2); in the module too, where fewer tokens than landmarks reach it."""
     q, k, v = (torch.randn(2, HEADS, N, HD, dtype=torch.float64) for _ in range(3))
-    want = softmax_ref(q, k, v)[0]
-    torch.testing.assert_close(nystrom_attention(q, k, v, num_landmarks=N, pinv_iterations=30), want,
-                               rtol=1e-9, atol=1e-9)
-    assert (nystrom_attention(q, k, v, num_landmarks=N) - want).abs().max() > 1e-4
+    want, attn = softmax_ref(q, k, v)
+    torch.testing.assert_close(nystrom_attention(q, k, v, num_landmarks=landmarks), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(nystrom_probs(q, k, landmarks), attn, rtol=1e-12, atol=1e-12)
+    m = build(num_landmarks=landmarks, conv_kernel=3)
+    x = torch.randn(2, N, DIM, dtype=torch.float64)
+    torch.testing.assert_close(m(x), ref_module(m, x)[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n, m, sizes", [(65, 16, [4] * 15 + [5]), (50, 16, [3] * 14 + [4] * 2), (12, 4, [3] * 4)])
+def test_segments_put_the_longer_ones_last(n, m, sizes):
+    """The zoo's 65 tokens with 16 landmarks: fifteen segments of 4, then one of 5 (the official image code)."""
+    x = torch.arange(n, dtype=torch.float64)[:, None]
+    ends = torch.tensor(sizes).cumsum(0)
+    starts = ends - torch.tensor(sizes)
+    torch.testing.assert_close(segment_means(x, m)[:, 0], (starts + ends - 1).double() / 2)
 
 
 def test_log_n_scales_each_softmax_by_its_own_key_count():

@@ -15,9 +15,13 @@ __all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_me
 
 
 def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """(..., N, D) -> (..., m, D): token i belongs to segment floor(i m / N), so sizes differ by at most 1."""
+    """(..., N, D) -> (..., m, D), the official layout: the first m - (N mod m) segments hold floor(N / m)
+    consecutive tokens, the last N mod m hold one more (needs m <= N)."""
     n = x.shape[-2]
-    segment = torch.arange(n, device=x.device) * num_segments // n
+    short = n // num_segments
+    cut = (num_segments - n % num_segments) * short  # tokens in the short segments
+    i = torch.arange(n, device=x.device)
+    segment = torch.where(i < cut, i // short, num_segments - n % num_segments + (i - cut) // (short + 1))
     average = F.one_hot(segment, num_segments).T.to(x.dtype)
     return (average / average.sum(-1, keepdim=True)) @ x
 
@@ -58,11 +62,14 @@ def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_sca
 def nystrom_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_landmarks: int = 64,
                       pinv_iterations: int = 6, scale: Optional[float] = None, landmark_scale: Optional[float] = None,
                       logit_noise: float = 0.0) -> torch.Tensor:
-    """softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V in O(n m d + m^3) per head.
+    """softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V in O(n m d + m^3) per head; with m >= n (every
+    token its own landmark) exact softmax(Q K^T) V, as the official code.
 
     ``scale`` multiplies the logits of the softmax over the n keys, ``landmark_scale`` those over the
     m landmark keys (both default 1/sqrt(d)); ``logit_noise`` adds independent noise to all three.
     """
+    if num_landmarks >= k.shape[-2]:
+        return AF.softmax_attention(q, k, v, scale, logit_noise)
     f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, logit_noise)
     return (f @ (z @ (b @ AF.acc(v)))).to(v.dtype)
 
@@ -72,8 +79,11 @@ def nystrom_probs(q: torch.Tensor, k: torch.Tensor, num_landmarks: int = 64, pin
                   query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The implied matrix F pinv(A) B for the rows ``query_index`` (all by default): (B, H, Nq, Nk).
 
-    Its rows sum to about 1 and may hold small negative entries (it approximates a softmax matrix).
+    Its rows sum to about 1 and may hold small negative entries (it approximates a softmax matrix); with m >= n
+    it is the softmax matrix.
     """
+    if num_landmarks >= k.shape[-2]:
+        return AF.softmax_probs(q if query_index is None else q[:, :, query_index], k, scale)
     f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, 0.0)
     return (f if query_index is None else f[:, :, query_index]) @ (z @ b)
 
@@ -82,7 +92,7 @@ def nystrom_probs(q: torch.Tensor, k: torch.Tensor, num_landmarks: int = 64, pin
 class NystromAttention(ZooAttention):
     """Nyström approximation of softmax attention with ``num_landmarks`` segment-mean landmarks.
 
-    Fewer tokens than landmarks: every token is a landmark. ``pinv_iterations`` (6, as the paper) of
+    As many landmarks as tokens or more: exact softmax attention. ``pinv_iterations`` (6, as the paper) of
     ``iterative_pinv``. ``conv_kernel`` (odd, None = off; the paper uses 33) adds a depthwise
     convolution of V along the token axis, one kernel per head. Logit noise goes on the logits of all
     three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md).
