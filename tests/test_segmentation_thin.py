@@ -1,0 +1,49 @@
+"""python -m vitzoo.segmentation.thin: thin cell walls, deterministic by seed, read by the segmentation data module."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitzoo.segmentation import SegmentationDataModule
+from vitzoo.segmentation.thin import WALL, main, make_thin_dataset
+
+
+def _walls(root):
+    return [np.asarray(Image.open(path)) == WALL for path in sorted((root / "label").iterdir())]
+
+
+def test_generated_masks_are_thin_walls_under_dark_lines(tmp_path):
+    root = main([str(tmp_path / "thin"), "--n", "3", "--size", "128", "--seed", "5"])
+    for wall, path in zip(_walls(root), sorted((root / "image").iterdir())):
+        image = np.asarray(Image.open(path)).astype(float)
+        assert image.shape == wall.shape == (128, 128)  # grayscale, 8 bit
+        assert 0.05 < wall.mean() < 0.35  # the object is a minority of the pixels
+        pixels = wall.astype(np.uint8)
+        assert cv2.erode(pixels, np.ones((3, 3), np.uint8)).mean() > 0.002  # walls >= 3 px wide in places...
+        assert cv2.erode(pixels, np.ones((9, 9), np.uint8)).mean() < 0.002  # ...and almost none 9 px wide
+        assert image[wall].mean() < image[~wall].mean() - 30  # walls are dark
+
+
+def test_the_same_seed_writes_the_same_files(tmp_path):
+    a, b, c = (make_thin_dataset(tmp_path / name, n=2, size=64, seed=seed) for name, seed in
+               (("a", 0), ("b", 0), ("c", 1)))
+    for folder in ("image", "label"):
+        for name in ("0000.png", "0001.png"):
+            assert (a / folder / name).read_bytes() == (b / folder / name).read_bytes()
+    assert (a / "image" / "0000.png").read_bytes() != (c / "image" / "0000.png").read_bytes()
+    with pytest.raises(ValueError, match="at least 1 image of at least 32 px"):
+        make_thin_dataset(tmp_path / "d", n=0)
+
+
+def test_the_folder_loads_through_the_segmentation_data_module(tmp_path):
+    root = make_thin_dataset(tmp_path / "thin", n=5, size=96, seed=2)
+    dm = SegmentationDataModule(str(root), num_classes=2, class_names=["interior", "wall"], img_size=64,
+                                batch_size=2, num_workers=0, mask_values={0: 1, 255: 0})
+    dm.setup()
+    interior, wall, ignored = dm.class_pixels["train"]
+    expected = sum(w.sum() for w in _walls(root)) - dm.class_pixels["val"][1]
+    assert wall == expected and ignored == 0 and interior > wall
+    images, masks = next(iter(dm.train_dataloader()))
+    assert images.shape == (2, 3, 64, 64) and set(masks.unique().tolist()) <= {0, 1, 255}
