@@ -1,5 +1,6 @@
-"""The shared LightningDataModule: splits of (HWC uint8 image, label) -> albumentations -> loaders, or
-(``device_cache``) the device-resident path of :mod:`~vitzoo.data.device_data`."""
+"""The shared LightningDataModule: splits of (HWC uint8 image, label) -> a transform recipe (albumentations'
+``cifar`` or timm's ``deit``, :mod:`~vitzoo.data.recipes`) -> loaders, or (``device_cache``) the device-resident
+path of :mod:`~vitzoo.data.device_data`."""
 from __future__ import annotations
 
 import logging
@@ -15,8 +16,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
 from .images import Images, read_rgb
-from .sampling import EpochSampler, ResumableLoader, sample_seed
-from .transforms import CROP_PADDING, HFLIP, build_eval_transform, build_train_transform, seed_worker
+from .recipes import build_recipe, check_recipe
+from .sampling import EpochSampler, RepeatAugEpochSampler, ResumableLoader, sample_seed
+from .transforms import CROP_PADDING, HFLIP, seed_worker
 from .workers import resolve_num_workers
 
 __all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE"]
@@ -26,40 +28,46 @@ log = logging.getLogger(__name__)
 DEVICE_CACHE_MAX_SIZE = 64  # device_cache=null turns the device path on for CUDA runs up to this img_size
 
 class ImageDataset(Dataset):
-    """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths.
+    """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths (read with
+    ``read``).
 
-    Indexed by ``(epoch, index)`` (what :class:`~vitzoo.data.sampling.EpochSampler` yields), the
-    transform's random state is first seeded from ``(seed, epoch, index)``: an image's augmentation is
+    Indexed by ``(epoch, index, ...)`` (what :class:`~vitzoo.data.sampling.EpochSampler` yields), the
+    transform's random state is first seeded from ``(seed, epoch, index, ...)``: an image's augmentation is
     the same in any worker, and in a resumed run.
     """
 
-    def __init__(self, images: Images, labels: Sequence[int], transform, seed: int = 0):
+    def __init__(self, images: Images, labels: Sequence[int], transform, seed: int = 0, read=read_rgb):
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.images, self.labels, self.transform = images, np.asarray(labels, dtype=np.int64), transform
-        self.seed = int(seed)
+        self.seed, self.read = int(seed), read
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, item: Union[int, Tuple[int, int]]) -> Tuple[torch.Tensor, int]:
         if isinstance(item, tuple):
-            epoch, index = item
-            self.transform.set_random_seed(sample_seed(self.seed, epoch, index))
+            epoch, index, *draw = item
+            self.transform.set_random_seed(sample_seed(self.seed, epoch, index, *draw))
         else:
             index = item
         image = self.images[index]
         if not isinstance(image, np.ndarray):
-            image = read_rgb(image)
+            image = self.read(image)
         return self.transform(image=image)["image"], int(self.labels[index])
 
 
 class ImageDataModule(L.LightningDataModule):
     """Base class: a subclass sets ``num_classes`` and implements :meth:`load_split`.
 
-    ``batch_size`` is per device (per process under DDP). ``aug`` holds the keyword arguments
-    of :func:`~vitzoo.data.transforms.build_train_transform` (policy, crop_padding, hflip,
-    gauss_noise, gauss_noise_p). ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
+    ``batch_size`` is per device (per process under DDP). ``recipe`` picks the transforms
+    (:func:`~vitzoo.data.recipes.build_recipe`): ``cifar`` (``aug`` holds the keyword arguments of
+    :func:`~vitzoo.data.transforms.build_train_transform`: policy, crop_padding, hflip, gauss_noise, gauss_noise_p)
+    or ``deit`` (``aug`` overrides :data:`~vitzoo.data.recipes.DEIT_AUG`; evaluation resizes to
+    ``img_size / crop_pct`` and center-crops, ``crop_pct`` and ``interpolation`` left null coming from
+    ``pretrained_cfg``, which train.py sets to the model's). ``repeated_aug`` > 1: each training image
+    appears that many times per epoch spread over the DDP ranks, each time augmented afresh (timm's
+    ``RepeatAugSampler``, DeiT's repeated augmentation; one process draws plainly). ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
     :func:`~vitzoo.data.workers.resolve_num_workers`). ``test_dataloader`` serves the val split.
     ``device_cache``: decode each split once into a uint8 tensor on the training device and augment whole
     batches there (:mod:`~vitzoo.data.device_data`); ``None`` = on for CUDA runs with ``img_size`` up to
@@ -72,7 +80,8 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(self, img_size: int, batch_size: int = 128, num_workers: Union[int, str] = "auto",
                  mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                  aug: Optional[Mapping[str, Any]] = None, eval_batch_size: Optional[int] = None,
-                 pin_memory: bool = False, device_cache: Optional[bool] = None):
+                 pin_memory: bool = False, device_cache: Optional[bool] = None, recipe: str = "cifar",
+                 crop_pct: Optional[float] = None, interpolation: Optional[str] = None, repeated_aug: int = 1):
         super().__init__()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
         self.num_workers = resolve_num_workers(num_workers)
@@ -80,8 +89,17 @@ class ImageDataModule(L.LightningDataModule):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.aug = dict(aug or {})
         self.pin_memory = pin_memory
+        check_recipe(recipe)
+        self.recipe, self.crop_pct, self.interpolation = recipe, crop_pct, interpolation
+        if isinstance(repeated_aug, bool) or not isinstance(repeated_aug, int) or repeated_aug < 1:
+            raise ValueError(f"data.repeated_aug={repeated_aug!r}; give an integer >= 1 (1 = off, DeiT uses 3)")
+        self.repeated_aug = repeated_aug
+        self.pretrained_cfg: Optional[Mapping[str, Any]] = None  # the model's; train.py sets it before setup
         if device_cache not in (None, True, False):
             raise ValueError(f"data.device_cache={device_cache!r}; set it to true, false or null (automatic)")
+        if device_cache and recipe != "cifar":
+            raise ValueError(f"data.device_cache=true implements the cifar recipe's crop and flip only; with "
+                             f"data.recipe={recipe} set data.device_cache=false")
         if device_cache:
             check_device_aug(self.aug)
             if isinstance(num_workers, int) and num_workers > 0:
@@ -118,7 +136,7 @@ class ImageDataModule(L.LightningDataModule):
         """Whether the loaders come from the device path (``device_cache``, or its automatic choice)."""
         if self.device_cache is not None:
             return bool(self.device_cache)
-        if self._device().type != "cuda" or self.img_size > DEVICE_CACHE_MAX_SIZE:
+        if self.recipe != "cifar" or self._device().type != "cuda" or self.img_size > DEVICE_CACHE_MAX_SIZE:
             return False
         try:
             check_device_aug(self.aug)
@@ -143,13 +161,17 @@ class ImageDataModule(L.LightningDataModule):
             log.info("data: device-resident path on %s (%d train / %d val images decoded at %d px)", self._device(),
                      len(self.device_splits["train"][1]), len(self.device_splits["val"][1]), self.img_size)
         # val_dataset exists on both paths: callbacks and eval.py read single images from it.
+        recipe = self.build_recipe() if self.train_dataset is None or self.val_dataset is None else None
         if self.device_splits is None and stage in (None, "fit") and self.train_dataset is None:
-            train_tf = build_train_transform(self.img_size, self.mean, self.std, **self.aug)
-            self.train_dataset = ImageDataset(*self._load("train"), train_tf)
+            self.train_dataset = ImageDataset(*self._load("train"), recipe.train, read=recipe.read)
             self._check_batch_size(len(self.train_dataset))
         if self.val_dataset is None:
-            eval_tf = build_eval_transform(self.img_size, self.mean, self.std)
-            self.val_dataset = ImageDataset(*self._load("val"), eval_tf)
+            self.val_dataset = ImageDataset(*self._load("val"), recipe.eval, read=recipe.read)
+
+    def build_recipe(self):
+        """The transforms of ``data.recipe`` at this module's size and statistics."""
+        return build_recipe(self.recipe, self.img_size, self.mean, self.std, self.aug, self.crop_pct,
+                            self.interpolation, self.pretrained_cfg)
 
     def _check_batch_size(self, num_train: int) -> None:
         if num_train < self.batch_size:
@@ -184,7 +206,14 @@ class ImageDataModule(L.LightningDataModule):
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         dataset.seed = seed
         world = self.trainer.world_size if self.trainer is not None else 1
-        sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=seed)
+        if self.repeated_aug > 1 and world > 1:
+            sampler = RepeatAugEpochSampler(dataset, num_replicas=world, rank=rank, seed=seed,
+                                            num_repeats=self.repeated_aug)
+        else:
+            if self.repeated_aug > 1:
+                log.info("data.repeated_aug=%d applies under DDP (it spreads an image's copies over the ranks); "
+                         "one process draws each image once per epoch", self.repeated_aug)
+            sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=seed)
         return ResumableLoader(dataset, sampler=sampler, batch_size=self.batch_size,
                                generator=torch.Generator().manual_seed(seed), **common)
 

@@ -2,12 +2,12 @@
 from .callbacks import AttentionEntropy
 from .evaluate import evaluate, load_classifier, read_checkpoint, run_record
 from .module import ImageClassifier, build_model
-from .optim import build_optimizer, build_scheduler, warmup_cosine
+from .optim import build_optimizer, build_scheduler, scaled_lr, warmup_cosine
 from .progress import EpochLog, ThrottledProgressBar
 from .run import build_classifier, build_run, train
 
 __all__ = [
     "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
-    "build_optimizer", "build_scheduler", "warmup_cosine", "train", "build_classifier", "build_run", "run_record",
+    "build_optimizer", "build_scheduler", "scaled_lr", "warmup_cosine", "train", "build_classifier", "build_run", "run_record",
     "EpochLog", "ThrottledProgressBar",
 ]

@@ -1,6 +1,7 @@
 """The LightningModule: a zoo model, AdamW + warmup/cosine, label smoothing, mixup/cutmix, top-1/top-5."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import torch
@@ -14,13 +15,15 @@ from torchmetrics.classification import MulticlassAccuracy
 import vitzoo
 from vitzoo.options import reject_unknown
 
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, scaled_lr
 from .resume import ExactResume
 
 __all__ = ["ImageClassifier", "build_model", "checked_options", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
 
+log = logging.getLogger(__name__)
+
 OPTIM_DEFAULTS = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup_epochs=1.0, min_lr_ratio=0.01,
-                      layer_decay=None, fused=None)
+                      layer_decay=None, fused=None, lr_base_batch=None)
 MIXUP_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, prob=1.0, switch_prob=0.5,
                       mode="batch")
 
@@ -56,7 +59,8 @@ class ImageClassifier(ExactResume):
     All constructor arguments are plain Python values and are saved as hyperparameters, so a
     checkpoint alone rebuilds the network (:func:`build_model`) and its input pipeline
     (``img_size``, ``mean``, ``std``). ``optim`` keys: lr, weight_decay, betas, warmup_epochs,
-    min_lr_ratio, layer_decay. ``mixup`` holds timm ``Mixup`` arguments; it is active when
+    min_lr_ratio, layer_decay, fused, lr_base_batch (``lr`` is the LR at that global batch, scaled linearly to the
+    run's: :func:`~vitzoo.training.optim.scaled_lr`). ``mixup`` holds timm ``Mixup`` arguments; it is active when
     ``mixup_alpha`` or ``cutmix_alpha`` is > 0. ``compile`` wraps the network in
     ``torch.compile`` (in place, so state-dict keys do not change). ``channels_last`` keeps the network's
     convolution weights and the input batches in NHWC memory format (faster convolutions on tensor-core GPUs;
@@ -129,9 +133,22 @@ class ImageClassifier(ExactResume):
     def test_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics, "test")
 
+    def global_batch(self) -> int:
+        """Images per optimizer step over all processes: per-device batch x world size x accumulated batches."""
+        trainer = self.trainer
+        if trainer.datamodule is None:
+            raise ValueError("module.optim.lr_base_batch scales the LR by the data module's batch size; fit with "
+                             "a datamodule or set module.optim.lr_base_batch=null")
+        return trainer.datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+
     def configure_optimizers(self):
         opt = self.optim
-        optimizer = build_optimizer(self.model, opt["lr"], opt["weight_decay"], opt["betas"], opt["layer_decay"],
+        lr = opt["lr"]
+        if opt["lr_base_batch"] is not None:
+            lr = scaled_lr(lr, self.global_batch(), opt["lr_base_batch"])
+            log.info("peak LR %g = module.optim.lr %g x global batch %d / lr_base_batch %d", lr, opt["lr"],
+                     self.global_batch(), opt["lr_base_batch"])
+        optimizer = build_optimizer(self.model, lr, opt["weight_decay"], opt["betas"], opt["layer_decay"],
                                     opt["fused"])
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs

@@ -13,6 +13,8 @@ import torch
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from vitzoo.data import ImageDataModule
+from vitzoo.data.recipes import source_pretrained_cfg
 from vitzoo.runtime import size_thread_pools
 from vitzoo.utils import instantiate_config, write_json
 
@@ -58,7 +60,11 @@ def build_run(cfg: DictConfig) -> Tuple[L.LightningDataModule, L.LightningModule
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = instantiate_config(cfg.data)
-    module = instantiate_config(cfg.module) if "_target_" in cfg.module else build_classifier(cfg, datamodule)
+    if "_target_" in cfg.module:
+        return datamodule, instantiate_config(cfg.module)
+    module = build_classifier(cfg, datamodule)
+    if isinstance(datamodule, ImageDataModule):  # the deit recipe's eval crop follows the weights' pretrained_cfg
+        datamodule.pretrained_cfg = source_pretrained_cfg(cfg.model.get("init_from"), module.model)
     return datamodule, module
 
 

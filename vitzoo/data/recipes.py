@@ -1,0 +1,128 @@
+"""Transform recipes: ``cifar`` (the albumentations pipelines of :mod:`~vitzoo.data.transforms`) and ``deit``
+(timm's ImageNet transforms: DeiT's training augmentation, and the evaluation resize-then-center-crop that a
+model's ``pretrained_cfg`` describes).
+
+A recipe gives a data module three things: how an image file is read, the training transform and the eval
+transform; ``data.aug`` holds the training transform's options of the chosen recipe (``DEIT_AUG`` for ``deit``).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform, resolve_data_config
+from timm.models import get_pretrained_cfg
+
+from vitzoo.options import reject_unknown
+
+from .images import read_rgb
+from .transforms import build_eval_transform, build_train_transform
+
+__all__ = ["RECIPES", "DEIT_AUG", "Recipe", "check_recipe", "build_recipe", "SeededTransform", "read_pil", "source_pretrained_cfg"]
+
+RECIPES = ("cifar", "deit")
+# DeiT's training augmentation (Touvron et al. 2021, its main.py defaults) as timm.data.create_transform arguments;
+# timm applies color_jitter only when auto_augment is off
+DEIT_AUG = dict(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment="rand-m9-mstd0.5-inc1",
+                color_jitter=0.4, interpolation="bicubic", re_prob=0.25, re_mode="pixel", re_count=1)
+
+
+def read_pil(path) -> Image.Image:
+    """An image file as an RGB PIL image, decoded as timm's and torchvision's datasets decode it."""
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+class SeededTransform:
+    """A torchvision-style transform (PIL image -> tensor) with albumentations' calling convention
+    (``transform(image=...)["image"]``, ``set_random_seed``), so :class:`~vitzoo.data.ImageDataset` drives both.
+
+    timm's transforms draw from Python's ``random``, NumPy's and torch's global generators; a seed given with
+    :meth:`set_random_seed` seeds all three for the next call only, and the callers' generator states are put back
+    afterwards (training's own draws, dropout and mixup, do not see the augmentation's).
+    """
+
+    def __init__(self, transform: Callable[[Image.Image], torch.Tensor]):
+        self.transform, self.seed = transform, None
+
+    def set_random_seed(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def __call__(self, *, image) -> dict:
+        if isinstance(image, np.ndarray):
+            image = Image.fromarray(image)
+        seed, self.seed = self.seed, None
+        if seed is None:
+            return {"image": self.transform(image)}
+        python, numpy = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                random.seed(seed)
+                np.random.seed(seed)
+                torch.manual_seed(seed)
+                return {"image": self.transform(image)}
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
+
+    def __repr__(self) -> str:
+        return f"SeededTransform({self.transform})"
+
+
+def check_recipe(name: str) -> None:
+    """A one-line error unless ``name`` is one of ``RECIPES``."""
+    if name not in RECIPES:
+        raise ValueError(f"data.recipe={name!r} is not a recipe; set data.recipe to one of {list(RECIPES)}")
+
+
+@dataclass
+class Recipe:
+    """What a data module reads and applies: ``read`` (path -> image), ``train`` and ``eval`` transforms."""
+
+    read: Callable[[Any], Any]
+    train: Callable
+    eval: Callable
+
+
+def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[float],
+                 aug: Optional[Mapping[str, Any]] = None, crop_pct: Optional[float] = None,
+                 interpolation: Optional[str] = None, pretrained_cfg: Optional[Mapping[str, Any]] = None) -> Recipe:
+    """The recipe ``name`` at ``img_size`` px.
+
+    ``cifar``: ``aug`` = :func:`~vitzoo.data.build_train_transform`'s options; evaluation squashes to
+    ``img_size`` square. ``deit``: ``aug`` overrides ``DEIT_AUG`` (timm ``create_transform`` arguments);
+    evaluation is timm's: resize the short side to ``img_size / crop_pct`` and center-crop ``img_size``, with
+    ``crop_pct`` and ``interpolation`` from the arguments, else ``pretrained_cfg``, else timm's defaults
+    (``resolve_data_config``).
+    """
+    check_recipe(name)
+    aug = dict(aug or {})
+    if name == "cifar":
+        if crop_pct is not None or interpolation is not None:
+            raise ValueError("data.crop_pct and data.interpolation belong to data.recipe=deit (the cifar recipe "
+                             "squashes to img_size); drop them or set data.recipe=deit")
+        return Recipe(read_rgb, build_train_transform(img_size, mean, std, **aug),
+                      build_eval_transform(img_size, mean, std))
+    reject_unknown("data.aug (data.recipe=deit)", aug, DEIT_AUG)
+    train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **{**DEIT_AUG, **aug})
+    config = resolve_data_config(dict(input_size=(3, img_size, img_size), mean=tuple(mean), std=tuple(std),
+                                      crop_pct=crop_pct, interpolation=interpolation),
+                                 pretrained_cfg=dict(pretrained_cfg or {}))
+    return Recipe(read_pil, SeededTransform(train), SeededTransform(create_transform(**config, is_training=False)))
+
+
+def source_pretrained_cfg(init_from: Optional[str], model: torch.nn.Module) -> Mapping[str, Any]:
+    """The ``pretrained_cfg`` describing a run's inputs: timm's for ``init_from=timm:<name>``, the export's for an
+    export folder, else the model's own."""
+    if init_from and str(init_from).startswith("timm:"):
+        return get_pretrained_cfg(str(init_from)[len("timm:"):]).to_dict()
+    config = Path(str(init_from)) / "config.json" if init_from else None
+    if config is not None and config.is_file():
+        return json.loads(config.read_text()).get("pretrained_cfg") or {}
+    return dict(getattr(model, "pretrained_cfg", None) or {})
