@@ -1,5 +1,5 @@
 """Segment images with a segmentation checkpoint: ``python predict.py ckpt_path=... input=... output=...``
-(configs/predict.yaml; see the README's segmentation section)."""
+(configs/predict.yaml; see the README's segmentation section). In Python: ``vitzoo.segmentation.predict(...)``."""
 import hydra
 from omegaconf import DictConfig
 
@@ -10,12 +10,13 @@ from launch import check_paths, launch, refused_start_leaves_nothing
 def main(cfg: DictConfig) -> None:
     with refused_start_leaves_nothing(cfg):
         check_paths(cfg, files=["ckpt_path"], inputs=["input", *(["masks"] if cfg.get("masks") else [])])
-        from vitzoo.segmentation import format_scores  # torch, timm: after the cheap checks
-        from vitzoo.segmentation.predict import predict
+        from vitzoo.segmentation import format_scores, predict  # torch, timm: after the cheap checks
         from vitzoo.utils import user_errors
 
         with user_errors():
-            summary = predict(cfg)
+            summary = predict(cfg.ckpt_path, cfg.input, cfg.output, masks=cfg.masks, window=cfg.window,
+                              overlap=cfg.overlap, flip=cfg.flip, probs=cfg.probs, batch_size=cfg.batch_size,
+                              device=cfg.device)
     print(f"{summary['images']} images -> {summary['output']} in {summary['seconds']:.1f} s "
           f"({summary['images_per_s']:.2f} images/s on {summary['device']}), peak "
           f"{summary['peak_memory_kind']} {summary['peak_memory_mib']:.0f} MiB")

@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import QUIET, compose_config
 from test_segmentation import export_dir  # noqa: F401  (the tiny linear-attention ViT export fixture)
-from vitzoo.segmentation.predict import predict
+from vitzoo.segmentation import predict
 from vitzoo.training import train
 
 def _blobs(rng: np.random.Generator, h: int, w: int):
@@ -69,10 +69,7 @@ def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(expor
 
     # predict on new, larger images (up to 3x the 32 px crop, sizes no multiple of the patch) and score them
     test = _write_set(tmp_path / "test", count=3, seed=1, sizes=(70, 98))
-    predict_cfg = compose_config(tmp_path / "predict", [f"ckpt_path={metrics['best_ckpt']}",
-                                                        f"input={test / 'image'}", f"masks={test / 'label'}",
-                                                        f"output={tmp_path / 'predicted'}"], name="predict")
-    summary = predict(predict_cfg)
+    summary = predict(metrics["best_ckpt"], str(test / "image"), str(tmp_path / "predicted"), masks=str(test / "label"))
     for image_path in sorted((test / "image").iterdir()):
         predicted = np.asarray(Image.open(tmp_path / "predicted" / f"{image_path.stem}.png"))
         assert predicted.shape == np.asarray(Image.open(image_path)).shape  # the input's size, not the crop's
@@ -83,10 +80,8 @@ def test_awkward_folder_trains_from_an_export_and_predicts_full_size_masks(expor
 
     # one file, scored against a folder holding other images' masks too; flip TTA and probability maps
     one = test / "image" / "slice_01.tif"
-    single_cfg = compose_config(tmp_path / "predict1", [f"ckpt_path={metrics['best_ckpt']}", f"input={one}",
-                                                        f"masks={test / 'label'}", f"output={tmp_path / 'one'}",
-                                                        "flip=true", "probs=true"], name="predict")
-    single = predict(single_cfg)
+    single = predict(metrics["best_ckpt"], str(one), str(tmp_path / "one"), masks=str(test / "label"), flip=True,
+                     probs=True)
     probs = np.load(tmp_path / "one" / "slice_01_probs.npy")
     assert single["images"] == 1 and single["flip"] is True and probs.shape == (2, *Image.open(one).size[::-1])
     np.testing.assert_allclose(probs.astype(np.float32).sum(0), 1, atol=2e-3)

@@ -85,8 +85,7 @@ def test_bad_loss_options_name_the_choices():
         SegmentationLoss("lovasz", 2, 255, [1.0, 2.0])
 
 
-def test_balanced_weights_come_from_the_training_masks_and_the_start_up_line_says_so(export_dir, tmp_path,
-                                                                                      caplog):  # noqa: F811
+def test_balanced_weights_come_from_the_training_masks_and_start_up_says_so(export_dir, tmp_path, caplog):  # noqa: F811
     root = make_shapes_dataset(tmp_path / "shapes", num_images=8, size=(32, 40), seed=3)
     dm = SegmentationDataModule(str(root), num_classes=4, img_size=32, batch_size=4, num_workers=0,
                                 class_names=["bg", "rect", "oval", "wedge"])

@@ -6,6 +6,7 @@ from .files import Sample, find_samples, pair_samples
 from .inference import sliding_window_probs
 from .labels import LabelMap
 from .model import SegmentationNet, create_backbone
+from .prediction import load_segmenter, predict
 from .module import SegmentationModule
 from .scores import format_scores, segmentation_scores
 from .shapes import SHAPE_CLASSES, ShapesDataModule, make_shapes_dataset
@@ -14,4 +15,4 @@ from .thin import make_thin_dataset
 __all__ = ["SegmentationModule", "SegmentationNet", "MLPDecoder", "create_backbone", "SegmentationDataModule",
            "SegmentationFolder", "Sample", "find_samples", "pair_samples", "LabelMap", "sliding_window_probs",
            "segmentation_scores", "format_scores", "ShapesDataModule", "SHAPE_CLASSES", "make_shapes_dataset",
-           "make_thin_dataset"]
+           "make_thin_dataset", "predict", "load_segmenter"]

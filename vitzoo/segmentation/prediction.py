@@ -1,4 +1,5 @@
-"""What predict.py calls: a segmentation checkpoint over images of any size -> mask PNGs (+ scores).
+"""``vitzoo.segmentation.predict``: a segmentation checkpoint over images of any size -> mask PNGs (+ scores);
+predict.py is its command line.
 
 Masks are written in the training masks' own values (``LabelMap.to_source``: 0/255 in, 0/255 out), one
 ``<output>/<name>.png`` per image (TIFF stacks: one per page). With ``masks`` the predictions are scored
@@ -11,11 +12,10 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from vitzoo.training import read_checkpoint
 from vitzoo.training.console import quiet_lightning
@@ -46,10 +46,10 @@ def load_segmenter(ckpt_path: str) -> Tuple[SegmentationModule, Dict[str, Any]]:
     return module.eval(), dict(checkpoint.get("datamodule_hyper_parameters") or {})
 
 
-def _samples(cfg: DictConfig, images: List[Path], data: Dict[str, Any]) -> List[Sample]:
-    if cfg.masks is None:
+def _samples(masks_at: Optional[str], images: List[Path], data: Dict[str, Any]) -> List[Sample]:
+    if masks_at is None:
         return [s for image in images for s in expand_pages(image, None)]
-    suffix, masks = data.get("mask_suffix", ""), list_images(cfg.masks)
+    suffix, masks = data.get("mask_suffix", ""), list_images(masks_at)
     stems = {image.stem for image in images}
     # masks of images not asked for are left out; when none matches, pairing names the unpaired files
     ours = [m for m in masks if mask_stem(m, suffix) in stems]
@@ -67,31 +67,40 @@ def _peak_memory_mib(device: torch.device) -> Tuple[float, str]:
 
 
 @torch.no_grad()
-def predict(cfg: DictConfig) -> Dict[str, Any]:
-    """Segment ``cfg.input`` (folder, file or glob) into ``cfg.output``; see configs/predict.yaml."""
+def predict(ckpt_path: str, input: str, output: str, masks: Optional[str] = None,
+            window: Optional[Union[int, Sequence[int]]] = None, overlap: Optional[float] = None,
+            flip: Optional[bool] = None, probs: bool = False, batch_size: int = 8,
+            device: str = "auto") -> Dict[str, Any]:
+    """Segment ``input`` (a folder of images, one image or TIFF stack, or a glob) into ``output``; returns the
+    summary written to ``<output>/predict.json`` (images/s, peak memory, and ``scores`` when ``masks`` is given).
+
+    ``window`` / ``overlap`` / ``flip`` default to the checkpoint's (``module.window`` = the training crop);
+    ``probs`` also writes ``<name>_probs.npy``; ``batch_size`` windows per forward pass; ``device``:
+    ``auto`` | ``cpu`` | ``cuda`` | ``cuda:1``. configs/predict.yaml documents the same options for predict.py.
+    """
     quiet_lightning()
-    images = list_images(cfg.input)  # before the model: a wrong input costs no loading
-    module, data = load_segmenter(cfg.ckpt_path)
+    images = list_images(input)  # before the model: a wrong input costs no loading
+    module, data = load_segmenter(ckpt_path)
     hp = module.hparams
     labels = LabelMap(hp.num_classes, hp.ignore_index, data.get("mask_values"), data.get("binary_threshold"))
     in_chans = data.get("in_chans", hp.in_chans)
-    window = cfg.window if cfg.window is not None else hp.window
-    overlap = cfg.overlap if cfg.overlap is not None else hp.overlap
-    flip = cfg.flip if cfg.flip is not None else hp.flip
-    samples = _samples(cfg, images, data)
-    device = _device(cfg.device)
+    window = window if window is not None else hp.window
+    overlap = overlap if overlap is not None else hp.overlap
+    flip = flip if flip is not None else hp.flip
+    samples = _samples(masks, images, data)
+    device = _device(device)
     module.to(device)
-    out = Path(cfg.output)
+    out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     confusion = torch.zeros(hp.num_classes, hp.num_classes, dtype=torch.int64)
     start = time.perf_counter()
     for sample in samples:
         image = torch.from_numpy(read_image(sample, in_chans)).permute(2, 0, 1).to(device)
-        probs = sliding_window_probs(module.net, image, window, overlap, flip, cfg.batch_size)
-        classes = probs.argmax(0).cpu()
+        class_probs = sliding_window_probs(module.net, image, window, overlap, flip, batch_size)
+        classes = class_probs.argmax(0).cpu()
         write_mask(labels.to_source(classes.numpy()), out / f"{sample.name}.png")
-        if cfg.probs:
-            np.save(out / f"{sample.name}_probs.npy", probs.cpu().half().numpy())
+        if probs:
+            np.save(out / f"{sample.name}_probs.npy", class_probs.cpu().half().numpy())
         if sample.mask is not None:
             confusion += _confusion(labels(read_mask(sample), sample.mask), classes, labels, sample)
     if device.type == "cuda":
@@ -102,7 +111,7 @@ def predict(cfg: DictConfig) -> Dict[str, Any]:
         "images": len(samples), "seconds": seconds, "images_per_s": len(samples) / seconds, "device": str(device),
         "peak_memory_mib": memory, "peak_memory_kind": memory_kind, "window": window, "overlap": overlap,
         "flip": flip, "output": str(out)}
-    if cfg.masks is not None:
+    if masks is not None:
         summary["scores"] = segmentation_scores(confusion, module.class_names)
     write_json(out / "predict.json", summary)
     return summary
