@@ -114,8 +114,10 @@ REFUSES = {"softmax": (), "linear": ("attn_mask",), "taylor": ("attn_mask",), "p
            "efficient": ("attn_mask", "is_causal"), "hydra": ("attn_mask", "is_causal"),
            "focused_linear": ("attn_mask", "is_causal"), "agent": ("attn_mask", "is_causal"),
            "linformer": ("attn_mask", "is_causal"), "nystrom": ("attn_mask", "is_causal"),
-           "window": ("attn_mask", "is_causal"), "synth_random": (), "synth_factorized_random": (),
-           "synth_dense": (), "synth_factorized_dense": (), "synth_mix": ()}
+           "window": ("attn_mask", "is_causal"), "pola": ("attn_mask", "is_causal"),
+           "inline": ("attn_mask", "is_causal"), "mlla": ("attn_mask", "is_causal"),
+           "rala": ("attn_mask", "is_causal"), "lion": ("attn_mask", "is_causal"), "synth_random": (),
+           "synth_factorized_random": (), "synth_dense": (), "synth_factorized_dense": (), "synth_mix": ()}
 
 
 @pytest.mark.parametrize("name", vitzoo.list_attentions())

@@ -1,0 +1,108 @@
+"""Decoupled RoPE for kernel attention (MLLA, RALA): the numerator mixes rotated features, the normaliser does not.
+
+    o_i = (R_i f(q_i))^T S_r / (f(q_i) . z + n eps),   S_r = sum_j (R_j f(k_j)) v_j^T,   z = sum_j f(k_j)
+
+(eps is relative to the mean of the keys, as in MLLA's and RALA's code). O(n d^2) per head. The rotations
+are 2-D RoPE of the patch grid in pairs of adjacent channels; prefix (class / register) tokens are not
+rotated. Two angle tables: MLLA's (across all H*d channels before the head split, so each head turns along
+one axis) and RALA's (per head: half the pairs by row, half by column). Positions are integer grid indices
+of the input's own grid, so a larger input extrapolates (docs/mechanisms.md, section 17).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from . import functional as AF
+from .base import ZooAttention
+from .grid_conv import grid_conv
+
+__all__ = ["rotate", "mlla_angles", "rala_angles", "decoupled_attention", "decoupled_probs", "positive_features",
+           "DecoupledRopeAttention"]
+
+Grid = Tuple[int, int]
+
+
+def _grid_positions(grid: Grid, prefix: int, like: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row and column index of every token (prefix tokens: position 0 on both axes, i.e. no rotation)."""
+    rows = torch.arange(grid[0], device=like.device, dtype=like.dtype).repeat_interleave(grid[1])
+    cols = torch.arange(grid[1], device=like.device, dtype=like.dtype).repeat(grid[0])
+    zeros = rows.new_zeros(prefix)
+    return torch.cat([zeros, rows]), torch.cat([zeros, cols])
+
+
+def mlla_angles(grid: Grid, prefix: int, num_heads: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
+    """MLLA's table over C = H*d channels: pair m < C/4 turns by row * theta_m, pair m >= C/4 by
+    column * theta_(m - C/4), theta_k = 10000^(-k / (C/4)); cut into heads: (H, n, d/2) in ``like``'s dtype."""
+    quarter = num_heads * head_dim // 4
+    theta = 10000.0 ** -(torch.arange(quarter, device=like.device, dtype=like.dtype) / quarter)
+    rows, cols = _grid_positions(grid, prefix, like)
+    angles = torch.cat([rows[:, None] * theta, cols[:, None] * theta], dim=-1)  # (n, C/2), pair m of channel 2m
+    return angles.unflatten(-1, (num_heads, head_dim // 2)).transpose(0, 1)
+
+
+def rala_angles(grid: Grid, prefix: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
+    """RALA's table per head: pairs of channels [0, d/2) turn by row * omega_k, those of [d/2, d) by column *
+    omega_k, omega_k = 10000^(-k / (d/4 - 1)) (exponents linspace(0, 1, d/4)); (1, n, d/2) in ``like``'s dtype."""
+    quarter = head_dim // 4
+    omega = 10000.0 ** -(torch.arange(quarter, device=like.device, dtype=like.dtype) / max(quarter - 1, 1))
+    rows, cols = _grid_positions(grid, prefix, like)
+    return torch.cat([rows[:, None] * omega, cols[:, None] * omega], dim=-1).unsqueeze(0)
+
+
+def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Turn each pair of channels (2m, 2m+1) of x (B, H, n, d) by ``angles`` (H or 1, n, d/2)."""
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def decoupled_attention(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor,
+                        eps: float = 1e-6) -> torch.Tensor:
+    """o_i = (R_i fq_i)^T sum_j (R_j fk_j) v_j^T / (fq_i . sum_j fk_j + n eps) for features fq, fk (B, H, n, d)
+    in fp32 or wider; the output in v's dtype."""
+    wide = v.to(fq.dtype)
+    state = rotate(fk, angles).transpose(-2, -1) @ wide
+    den = fq @ fk.sum(dim=-2).unsqueeze(-1) + fk.shape[-2] * eps
+    return ((rotate(fq, angles) @ state) / den).to(v.dtype)
+
+
+def decoupled_probs(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, query_index: torch.Tensor) -> torch.Tensor:
+    """Each key's share of a query's mix, |(R_i fq_i).(R_j fk_j)| with rows normalised (B, H, Q, n): the implied
+    weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) are signed and their rows need not sum to 1."""
+    rq = rotate(fq, angles)[:, :, query_index]
+    weight = (rq @ rotate(fk, angles).transpose(-2, -1)).abs()
+    return weight / weight.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight.dtype).tiny)
+
+
+def positive_features(q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """elu(x) + 1 of q and k in fp32 or wider."""
+    return torch.nn.functional.elu(AF.acc(q)) + 1.0, torch.nn.functional.elu(AF.acc(k)) + 1.0
+
+
+class DecoupledRopeAttention(ZooAttention):
+    """Kernel attention with decoupled RoPE plus LePE (a ``kernel_size`` depthwise conv of V on grid tokens; prefix
+    rows get none); subclasses give the features and the angle table (``features``)."""
+
+    has_logits = False
+    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
+
+    def __init__(self, dim: int, num_heads: int = 8, *args, kernel_size: int = 3, eps: float = 1e-6, **kwargs):
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.eps = eps
+        name = type(self).__name__
+        self.lepe = grid_conv(name, self.attn_dim, kernel_size, device=kwargs.get("device"), dtype=kwargs.get("dtype"))
+
+    def features(self, q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0):
+        """(query features, key features, angles (H or 1, n, d/2)) in fp32 or wider."""
+        raise NotImplementedError
+
+    def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        out = decoupled_attention(*self.features(q, k, logit_noise), v, self.eps)
+        if self.lepe is None:
+            return out
+        return out + self.lepe.over_grid(v, self.current_grid(v.shape[-2]), self.num_prefix_tokens)
+
+    def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        return decoupled_probs(*self.features(q, k), query_index)
