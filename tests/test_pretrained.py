@@ -92,7 +92,8 @@ def _timm_qkv(block, tokens):
     ("performer", ["blocks.*.attn.phi.{seed,step,weight}"]),
     ("focused_linear", ["blocks.*.attn.phi.scale", "blocks.*.attn.pos.{weight,layout}",
                         "blocks.*.attn.dwc.{weight,bias}"]),
-    ("agent", ["blocks.*.attn.dwc.{weight,bias}"]),
+    ("agent", ["blocks.*.attn.dwc.{weight,bias}",
+               "blocks.*.attn.bias.{an,na,ah,aw,ha,wa,ac,ca,layout}"]),
     ("linformer", ["blocks.*.attn.e.{weight,layout}", "blocks.*.attn.f.{weight,layout}"]),
     ("synth_random", ["blocks.*.attn.synth.{weight,layout}"]),
 ])
