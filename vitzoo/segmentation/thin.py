@@ -4,8 +4,9 @@
 grayscale) and ``DST/label/<i>.png`` in ISBI-2012's convention, **0 = wall (the object), 255 = interior**, so
 ``--config-name segment`` reads it with ``data.mask_values='{0: 1, 255: 0}'`` (docs/segmentation.md).
 Walls are dark and a few pixels wide (2-8 px, varying along each wall; ~10-25% of the pixels); the cells
-carry smooth shading, grain and small dark vesicles (distractors that are not walls); the image is blurred and
-noisy. Every image is drawn from ``(seed, index)``: the same arguments write the same files.
+carry smooth shading, grain, small dark vesicles and dark elongated "mitochondria" (distractors as dark as
+the walls, which are faint in places); the image is blurred and noisy. Every image is drawn from
+``(seed, index)``: the same arguments write the same files.
 """
 from __future__ import annotations
 
@@ -50,11 +51,15 @@ def thin_sample(rng: np.random.Generator, size: int = 512) -> Tuple[np.ndarray, 
     width = rng.uniform(3.0, 6.0) * (1 + 0.35 * _smooth_noise(rng, size, 6))  # full wall width, varying
     wall = _bisector_distance(size, seeds) < width / 2
     interior = 150 + 25 * _smooth_noise(rng, size, 8) + 12 * _smooth_noise(rng, size, size // 8)
-    image = np.where(wall, rng.uniform(45, 85), interior).astype(np.float32)
+    wall_tone = rng.uniform(65, 95) + 35 * _smooth_noise(rng, size, 5)  # faint in places
+    image = np.where(wall, wall_tone, interior).astype(np.float32)
     for y, x in rng.uniform(0, size, (int(rng.integers(cells, 3 * cells)), 2)):  # vesicles: small dark discs
         cv2.circle(image, (int(x), int(y)), int(rng.integers(2, 6)), float(rng.uniform(60, 110)), -1)
+    for y, x in rng.uniform(0, size, (cells, 2)):  # mitochondria: dark, elongated, not walls
+        axes = (int(rng.integers(6, 16)), int(rng.integers(2, 5)))
+        cv2.ellipse(image, (int(x), int(y)), axes, float(rng.uniform(0, 180)), 0, 360, float(rng.uniform(55, 100)), -1)
     image = cv2.GaussianBlur(image, (0, 0), rng.uniform(0.6, 1.2))
-    image += rng.normal(0, rng.uniform(8, 16), image.shape).astype(np.float32)
+    image += rng.normal(0, rng.uniform(14, 22), image.shape).astype(np.float32)
     return image.clip(0, 255).astype(np.uint8), np.where(wall, WALL, INTERIOR).astype(np.uint8)
 
 

@@ -1,0 +1,227 @@
+"""Thin structures, side by side: vitzoo ViT exports with ``simple_fpn`` against smp's U-Net (ResNet-18, from scratch).
+
+Every row trains on the same generated thin-wall set (``vitzoo.segmentation.thin``; walls = the object, class
+1) for the same number of steps, with the same crops, batches (one seeded loader order), optimizer (AdamW,
+warmup + cosine) and learning rate, then segments held-out 512 px images at their native size in sliding
+windows of the crop size (overlap 0.25) and one 1024 px image for the prediction rate. A row is
+``name=model,neck,loss,weights``: model ``unet`` or an export directory (``python -m vitzoo.export ...
+--no-head``), neck ``simple_fpn`` or ``none``, loss one of ``module.loss``'s, weights ``balanced`` or ``none``.
+Each row runs in its own subprocess, so its peak resident memory (VmHWM) is its own.
+
+    python benchmarks/segmentation_thin.py --data data/thin --rows \\
+        "linear+fpn=exports/lin,simple_fpn,ce+dice,balanced" "unet=unet,none,ce+dice,balanced" \\
+        --steps 150 --crop 128 --out docs/segmentation/thin_cpu
+
+Columns: wall IoU and Dice on the held-out images, the same for "interior everywhere" (the majority baseline),
+training images/s (forward, loss, backward and optimizer step; data loading left out), 1024 px prediction
+images/s, and the peak resident memory of the row's process; below them, what intensity alone reaches (the
+best global threshold of the blurred image, fitted on the training images).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vitzoo.segmentation import (SegmentationDataModule, SegmentationNet, create_backbone, make_thin_dataset,
+                                 segmentation_scores, sliding_window_probs)
+from vitzoo.segmentation.losses import SegmentationLoss, balanced_class_weights
+from vitzoo.segmentation.thin import WALL
+from vitzoo.training.optim import build_scheduler
+
+sys.path.insert(0, str(Path(__file__).parent))
+from memory import status_mib  # noqa: E402
+
+CLASSES = ["interior", "wall"]
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class UNet(nn.Module):
+    """smp's U-Net, ResNet-18 encoder, random init; images in [0, 1] normalised with ImageNet statistics."""
+
+    stride = 32
+
+    def __init__(self, num_classes: int = 2):
+        super().__init__()
+        import segmentation_models_pytorch as smp
+
+        self.net = smp.Unet("resnet18", encoder_weights=None, in_channels=3, classes=num_classes)
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net((images - self.mean) / self.std)
+
+
+def build(model: str, neck: str, channels: int) -> nn.Module:
+    if model == "unet":
+        if neck != "none":
+            raise ValueError(f"the U-Net row takes neck none, not {neck}")
+        return UNet(len(CLASSES))
+    return SegmentationNet(create_backbone(model), len(CLASSES), channels, neck=None if neck == "none" else neck)
+
+
+def _image(path: Path) -> torch.Tensor:
+    from PIL import Image
+
+    return torch.from_numpy(np.asarray(Image.open(path), np.float32) / 255).expand(3, -1, -1).contiguous()
+
+
+def _scores(net: nn.Module, root: Path, window: int) -> Dict[str, float]:
+    from PIL import Image
+
+    confusion = torch.zeros(2, 2, dtype=torch.int64)
+    for path in sorted((root / "image").iterdir()):
+        classes = sliding_window_probs(net, _image(path), window, 0.25).argmax(0)
+        truth = torch.from_numpy((np.asarray(Image.open(root / "label" / path.name)) == WALL).astype(np.int64))
+        confusion += torch.bincount(truth.flatten() * 2 + classes.flatten(), minlength=4).view(2, 2)
+    return segmentation_scores(confusion, CLASSES)
+
+
+def run_row(args: argparse.Namespace, spec: str) -> Dict[str, float]:
+    """Train and measure one row (in this process)."""
+    name, _, rest = spec.partition("=")
+    model, neck, loss, weights = rest.split(",")
+    torch.manual_seed(args.seed)
+    dm = SegmentationDataModule(str(args.data / "train"), num_classes=2, class_names=CLASSES, img_size=args.crop,
+                                batch_size=args.batch, num_workers=0, mask_values={0: 1, 255: 0}, repeats=1000,
+                                val_fraction=0.1, seed=args.seed)
+    dm.setup()
+    class_weights = balanced_class_weights(dm.class_pixels["train"], 2) if weights == "balanced" else None
+    criterion = SegmentationLoss(loss, 2, 255, class_weights)
+    net = build(model, neck, args.decoder_channels)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=0.01)
+    scheduler = build_scheduler(optimizer, args.steps, args.steps // 10, 0.01)
+    rss_before = status_mib("VmRSS")
+    torch.manual_seed(args.seed)  # the same crops and batch order for every row
+    batches, seconds, losses = iter(dm.train_dataloader()), 0.0, []
+    net.train()
+    for _ in range(args.steps):
+        images, masks = next(batches)
+        start = time.perf_counter()
+        loss_value = criterion(net(images), masks)
+        optimizer.zero_grad(set_to_none=True)
+        loss_value.backward()
+        optimizer.step()
+        scheduler.step()
+        seconds += time.perf_counter() - start
+        losses.append(loss_value.item())
+    net.eval()
+    with torch.no_grad():
+        scores = _scores(net, args.data / "test", args.crop)
+        big = sorted((args.data / "big" / "image").iterdir())
+        start = time.perf_counter()
+        for path in big:
+            sliding_window_probs(net, _image(path), args.crop, 0.25)
+        predict_seconds = time.perf_counter() - start
+    return {"row": name, "model": model, "neck": neck, "loss": loss, "weights": weights,
+            "parameters_m": sum(p.numel() for p in net.parameters()) / 1e6,
+            "iou_wall": scores["iou/wall"], "dice_wall": scores["dice/wall"],
+            "majority_iou_wall": scores["majority/iou/wall"], "majority_dice_wall": scores["majority/dice/wall"],
+            "miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
+            "majority_pixel_acc": scores["majority/pixel_acc"],
+            "train_images_per_s": args.steps * args.batch / seconds, "train_seconds": seconds,
+            "predict_1024_images_per_s": len(big) / predict_seconds,
+            "peak_rss_mib": status_mib("VmHWM"), "rss_before_training_mib": rss_before,
+            "first_loss": float(np.mean(losses[:5])), "last_loss": float(np.mean(losses[-5:]))}
+
+
+def threshold_row(root: Path) -> Dict[str, float]:
+    """The darkest pixels: the global threshold of the blurred image (sigma 1.5) with the best wall IoU on the
+    training images, scored on the held-out ones (what intensity alone reaches)."""
+    import cv2
+    from PIL import Image
+
+    def counts(part: str, thresholds: np.ndarray) -> np.ndarray:  # (thresholds, [TP, FP, FN])
+        total = np.zeros((len(thresholds), 3))
+        for path in sorted((root / part / "image").iterdir()):
+            image = cv2.GaussianBlur(np.asarray(Image.open(path), np.float32), (0, 0), 1.5)
+            wall = np.asarray(Image.open(root / part / "label" / path.name)) == WALL
+            for i, t in enumerate(thresholds):
+                dark = image < t
+                total[i] += [(dark & wall).sum(), (dark & ~wall).sum(), (~dark & wall).sum()]
+        return total
+
+    thresholds = np.arange(40, 200, 5)
+    tp, fp, fn = counts("train", thresholds).T
+    best = thresholds[np.argmax(tp / (tp + fp + fn))]
+    tp, fp, fn = counts("test", np.array([best]))[0]
+    return {"threshold": float(best), "iou_wall": tp / (tp + fp + fn), "dice_wall": 2 * tp / (2 * tp + fp + fn)}
+
+
+def make_data(root: Path, n: int, test: int, seed: int) -> None:
+    """Training set (512 px), held-out 512 px test images and one 1024 px image, each its own seed."""
+    for part, count, size, offset in (("train", n, 512, 0), ("test", test, 512, 1), ("big", 1, 1024, 2)):
+        if not (root / part / "image").is_dir():
+            make_thin_dataset(root / part, count, size, seed + 1000 * offset)
+
+
+def table(rows: List[Dict[str, float]], dark: Dict[str, float]) -> str:
+    head = ("| row | neck | loss, weights | wall IoU | wall Dice | train img/s | 1024 px predict img/s | "
+            "peak RSS (GiB) |\n|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r['row']} | {r['neck']} | {r['loss']}, {r['weights']} | {r['iou_wall']:.3f} | {r['dice_wall']:.3f} | "
+             f"{r['train_images_per_s']:.2f} | {r['predict_1024_images_per_s']:.3f} | "
+             f"{r['peak_rss_mib'] / 1024:.2f} |" for r in rows]
+    base = rows[0]
+    lines.append(f"| interior everywhere (majority) | | | {base['majority_iou_wall']:.3f} | "
+                 f"{base['majority_dice_wall']:.3f} | | | |")
+    lines.append(f"| darkest pixels (blurred image < {dark['threshold']:.0f}, fitted on the training images) | | | "
+                 f"{dark['iou_wall']:.3f} | {dark['dice_wall']:.3f} | | | |")
+    return head + "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("data/thin"), help="generated here when missing")
+    parser.add_argument("--rows", nargs="+", required=True, help="name=model,neck,loss,weights (see the docstring)")
+    parser.add_argument("--n", type=int, default=32, help="training images of 512 px (default 32)")
+    parser.add_argument("--test", type=int, default=4, help="held-out 512 px images (default 4)")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--crop", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--decoder-channels", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write <out>.csv, <out>.md and <out>.json")
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # a row, run by the parent in a subprocess
+    args = parser.parse_args()
+    if args.only:
+        print(json.dumps(run_row(args, args.only)))
+        return
+    make_data(args.data, args.n, args.test, args.seed)
+    rows = []
+    for spec in args.rows:
+        started = time.perf_counter()
+        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", spec], check=True,
+                             capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(f"{spec}: {time.perf_counter() - started:.0f} s, wall IoU {rows[-1]['iou_wall']:.3f}", flush=True)
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+               f"{torch.__version__}; {args.steps} steps x batch {args.batch} of {args.crop} px crops, "
+               f"{args.n} training images of 512 px, {args.test} held-out 512 px images")
+    dark = threshold_row(args.data)
+    text = table(rows, dark)
+    print(machine + "\n" + text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out.with_suffix(".csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        args.out.with_suffix(".md").write_text(machine + "\n\n" + text + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps({"setup": machine, "rows": rows, "darkest_pixels": dark},
+                                                                 indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
