@@ -18,19 +18,19 @@ precomputed features, hydra, nystrom (64 landmarks), linformer (k = 256), agent 
 window (7x7 windows over a square grid, or 16 rows when n is not a square). On CUDA also SDPA with its backend
 named (``softmax_flash``, ``softmax_efficient``: FlashAttention and memory-efficient kernels) and fla's chunked
 linear attention (``fla_chunk``, fla-core: causal, normalised, raw q and k as features; the nearest published
-kernel of the class); a mechanism that cannot serve a case (flash in fp32, fla not installed) is a ``-`` cell with
-its reason printed. ``--layout bnhd`` makes q, k, v views of (B, N, H, D) tensors, the layout timm's qkv
+kernel of the class); a mechanism that cannot run here (flash in fp32, fla not installed) is left out of the
+tables, its reason printed as a ``not run:`` line. ``--layout bnhd`` makes q, k, v views of (B, N, H, D) tensors, the layout timm's qkv
 projection and fla take. ``--accuracy`` adds bf16 and fp16 at the largest n with std-3 inputs against float64.
 Mechanisms are interleaved within each
 repetition; a time is the best of the repetitions (``--stat min``, timeit's advice: on a shared
 machine noise only adds time) or their median (``--stat median``); ratios are against the fused
-linear path of the same run. Peak memory is the peak above the inputs:
-on CUDA ``max_memory_allocated`` (in the same process, the peak reset before each case); on CPU the
-resident-set high-water mark (``VmHWM``), measured in a fresh subprocess per mechanism, after one warm-up call of the same case, ``malloc_trim`` and a
-reset of the mark (``/proc/self/clear_refs``), so it sees every allocation (tracemalloc would
-miss torch's). The floor: CPU, the minimal matmul FLOPs over the measured sgemm rate; CUDA, the
-bytes each path must move (read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy
-bandwidth. Results: a table on stdout, ``attention_<device>.csv`` and ``.png`` under ``--out``.
+linear path of the same run. Peak memory is the peak above the inputs: on CUDA ``max_memory_allocated`` (in
+the same process, the peak reset before each case); on CPU the resident-set high-water mark (``VmHWM``),
+measured in a fresh subprocess per mechanism, after one warm-up call of the same case, ``malloc_trim`` and a
+reset of the mark (``/proc/self/clear_refs``), so it sees every allocation (tracemalloc would miss torch's).
+The floor: CPU, the minimal matmul FLOPs over the measured sgemm rate; CUDA, the bytes each path must move
+(read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy bandwidth. Results: a table on stdout,
+``attention_<device>.csv`` and ``.png`` under ``--out``.
 
 On CPU the naive formula's time depends on glibc's heap state: with the default thresholds its
 12 MB intermediates are page-faulted in again on every call, unless an earlier case (softmax at the
