@@ -67,7 +67,8 @@ class ImageDataModule(L.LightningDataModule):
     ``img_size / crop_pct`` and center-crops, ``crop_pct`` and ``interpolation`` left null coming from
     ``pretrained_cfg``, which train.py sets to the model's). ``repeated_aug`` > 1: each training image
     appears that many times per epoch spread over the DDP ranks, each time augmented afresh (timm's
-    ``RepeatAugSampler``, DeiT's repeated augmentation; one process draws plainly). ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
+    ``RepeatAugSampler``, DeiT's repeated augmentation; one process draws plainly).
+    ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
     :func:`~vitzoo.data.workers.resolve_num_workers`). ``test_dataloader`` serves the val split.
     ``device_cache``: decode each split once into a uint8 tensor on the training device and augment whole
     batches there (:mod:`~vitzoo.data.device_data`); ``None`` = on for CUDA runs with ``img_size`` up to
@@ -121,7 +122,8 @@ class ImageDataModule(L.LightningDataModule):
                           if not 0 <= x < self.num_classes})
         if outside:
             raise ValueError(f"the {split} split has labels {outside[:5]} outside 0..{self.num_classes - 1} "
-                             f"({type(self).__name__}.num_classes={self.num_classes}); fix the labels or the class count")
+                             f"({type(self).__name__}.num_classes={self.num_classes}); fix the labels or the class "
+                             f"count")
         return images, labels
 
     def cache_file(self, split: str) -> Optional[Path]:

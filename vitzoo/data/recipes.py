@@ -7,6 +7,7 @@ transform; ``data.aug`` holds the training transform's options of the chosen rec
 """
 from __future__ import annotations
 
+import io
 import json
 import random
 from dataclasses import dataclass
@@ -21,10 +22,11 @@ from timm.models import get_pretrained_cfg
 
 from vitzoo.options import reject_unknown
 
-from .images import read_rgb
+from .images import decode_rgb, read_rgb
 from .transforms import build_eval_transform, build_train_transform
 
-__all__ = ["RECIPES", "DEIT_AUG", "Recipe", "check_recipe", "build_recipe", "SeededTransform", "read_pil", "source_pretrained_cfg"]
+__all__ = ["RECIPES", "DEIT_AUG", "Recipe", "check_recipe", "build_recipe", "SeededTransform", "read_pil", "decode_pil",
+           "source_pretrained_cfg"]
 
 RECIPES = ("cifar", "deit")
 # DeiT's training augmentation (Touvron et al. 2021, its main.py defaults) as timm.data.create_transform arguments;
@@ -37,6 +39,11 @@ def read_pil(path) -> Image.Image:
     """An image file as an RGB PIL image, decoded as timm's and torchvision's datasets decode it."""
     with Image.open(path) as image:
         return image.convert("RGB")
+
+
+def decode_pil(data: bytes) -> Image.Image:
+    """An encoded image (a file's bytes) as :func:`read_pil` reads the file."""
+    return read_pil(io.BytesIO(data))
 
 
 class SeededTransform:
@@ -83,9 +90,11 @@ def check_recipe(name: str) -> None:
 
 @dataclass
 class Recipe:
-    """What a data module reads and applies: ``read`` (path -> image), ``train`` and ``eval`` transforms."""
+    """What a data module reads and applies: ``read`` (path -> image), ``decode`` (a file's bytes -> image),
+    ``train`` and ``eval`` transforms."""
 
     read: Callable[[Any], Any]
+    decode: Callable[[bytes], Any]
     train: Callable
     eval: Callable
 
@@ -107,14 +116,15 @@ def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[
         if crop_pct is not None or interpolation is not None:
             raise ValueError("data.crop_pct and data.interpolation belong to data.recipe=deit (the cifar recipe "
                              "squashes to img_size); drop them or set data.recipe=deit")
-        return Recipe(read_rgb, build_train_transform(img_size, mean, std, **aug),
+        return Recipe(read_rgb, decode_rgb, build_train_transform(img_size, mean, std, **aug),
                       build_eval_transform(img_size, mean, std))
     reject_unknown("data.aug (data.recipe=deit)", aug, DEIT_AUG)
     train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **{**DEIT_AUG, **aug})
     config = resolve_data_config(dict(input_size=(3, img_size, img_size), mean=tuple(mean), std=tuple(std),
                                       crop_pct=crop_pct, interpolation=interpolation),
                                  pretrained_cfg=dict(pretrained_cfg or {}))
-    return Recipe(read_pil, SeededTransform(train), SeededTransform(create_transform(**config, is_training=False)))
+    evaluation = create_transform(**config, is_training=False)
+    return Recipe(read_pil, decode_pil, SeededTransform(train), SeededTransform(evaluation))
 
 
 def source_pretrained_cfg(init_from: Optional[str], model: torch.nn.Module) -> Mapping[str, Any]:

@@ -8,6 +8,6 @@ from .run import build_classifier, build_run, train
 
 __all__ = [
     "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
-    "build_optimizer", "build_scheduler", "scaled_lr", "warmup_cosine", "train", "build_classifier", "build_run", "run_record",
-    "EpochLog", "ThrottledProgressBar",
+    "build_optimizer", "build_scheduler", "scaled_lr", "warmup_cosine", "train", "build_classifier", "build_run",
+    "run_record", "EpochLog", "ThrottledProgressBar",
 ]

@@ -49,8 +49,10 @@ class ExactResume(L.LightningModule):
         return {name: m for name, m in self.named_modules() if isinstance(m, Metric) and name.startswith("train")}
 
     def _train_loader(self) -> Optional[ResumableLoader]:
+        """The training loader if it is resumable: a :class:`ResumableLoader`, or another loader with its
+        ``mid_epoch``, ``state_dict`` and ``load_state_dict`` (``data=shards``' litdata loader)."""
         loader = self.trainer.train_dataloader if self._trainer is not None else None
-        return loader if isinstance(loader, ResumableLoader) else None
+        return loader if isinstance(loader, ResumableLoader) or hasattr(loader, "mid_epoch") else None
 
     def on_save_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
         checkpoint["random_states"] = random_states()
