@@ -61,15 +61,15 @@ def backbones(spec):
     return {"vit": vit, "resnet": resnet}
 
 
-def check_resolutions(spec, reference, randomise=lambda layer: None):
-    """Both backbones (float64) at 32 px (built), 48 px (1.5x) and 64 px (2x): every attention layer sees its input's
-    grid and its output is ``reference(layer, x)`` (B, N, C) on its recorded input."""
+def check_resolutions(spec, reference, randomise=lambda layer: None, sizes=(32, 48, 64)):
+    """Both backbones (float64) at ``sizes``: 32 px (built), 48 px (1.5x) and 64 px (2x); every attention layer sees its
+    input's grid and its output is ``reference(layer, x)`` (B, N, C) on its recorded input."""
     for name, model in backbones(spec).items():
         model = model.double().eval()
         layers = [m for m in model.modules() if isinstance(m, ZooAttention)]
         for layer in layers:
             randomise(layer)
-        for px in (32, 48, 64):
+        for px in sizes:
             seen = []
             hooks = [m.register_forward_hook(lambda m, args, out: seen.append((m, args[0], out))) for m in layers]
             with torch.no_grad():

@@ -68,7 +68,8 @@ def decoupled_attention(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor
     return ((rotate(fq, angles) @ state) / den).to(v.dtype)
 
 
-def decoupled_probs(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, query_index: torch.Tensor) -> torch.Tensor:
+def decoupled_probs(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor,
+                    query_index: torch.Tensor) -> torch.Tensor:
     """Each key's share of a query's mix, |(R_i fq_i).(R_j fk_j)| with rows normalised (B, H, Q, n): the implied
     weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) are signed and their rows need not sum to 1."""
     rq = rotate(fq, angles)[:, :, query_index]

@@ -30,7 +30,8 @@ def _inline_features(q: torch.Tensor, k: torch.Tensor, noise: Optional[torch.Ten
     e = _key_weights(k, noise)
     kbar = (e * k).sum(-2, keepdim=True) / e.sum(-2, keepdim=True)
     tau = q.shape[-1] ** -0.5
-    return torch.cat([torch.ones_like(q[..., :1]), tau * q], -1), e * torch.cat([torch.ones_like(k[..., :1]), k - kbar], -1)
+    ones = torch.ones_like(q[..., :1])
+    return torch.cat([ones, tau * q], -1), e * torch.cat([torch.ones_like(k[..., :1]), k - kbar], -1)
 
 
 def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, noise: Optional[torch.Tensor] = None,
@@ -81,8 +82,8 @@ class InLineAttention(ZooAttention):
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
         if residual and dim % num_heads:
-            raise ValueError(f"inline's kernel generator groups the {dim} input channels by head: num_heads={num_heads} "
-                             "must divide dim (or set residual: false)")
+            raise ValueError(f"inline's kernel generator groups the {dim} input channels by head: "
+                             f"num_heads={num_heads} must divide dim (or set residual: false)")
         self.impl = impl
         dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.kernel_gen = nn.Sequential(

@@ -27,8 +27,9 @@ class MllaAttention(DecoupledRopeAttention):
     def __init__(self, dim: int, num_heads: int = 8, *args, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
         if self.head_dim % 2 or self.attn_dim % 4:
-            raise ValueError(f"mlla's RoPE turns channel pairs, half by row and half by column: head_dim={self.head_dim} "
-                             f"must be even and num_heads * head_dim={self.attn_dim} a multiple of 4 (set head_dim)")
+            raise ValueError(f"mlla's RoPE turns channel pairs, half by row and half by column: "
+                             f"head_dim={self.head_dim} must be even and num_heads * head_dim={self.attn_dim} a "
+                             "multiple of 4 (set head_dim)")
 
     def features(self, q, k, logit_noise: float = 0.0):
         fq, fk = positive_features(q, k)

@@ -60,7 +60,8 @@ def pola_probs(fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor) -> torch.Te
     two halves of the value channels (the output's eps, relative to the mean over keys, is left out: with tiny
     features it leaves the output's rows short of 1, the shares still sum to 1)."""
     tiny = torch.finfo(fk.dtype).tiny
-    shares = [s / s.sum(-1, keepdim=True).clamp_min(tiny) for s in (fs @ fk.transpose(-2, -1), fo @ fk.transpose(-2, -1))]
+    keys = fk.transpose(-2, -1)
+    shares = [s / s.sum(-1, keepdim=True).clamp_min(tiny) for s in (fs @ keys, fo @ keys)]
     return (shares[0] + shares[1]) / 2
 
 

@@ -1,0 +1,74 @@
+"""mlla (MLLA's attention): elu+1 features, MLLA's channel-wide RoPE as complex rotations, the unrotated normaliser
+and LePE against float64 formulas."""
+import pytest
+import torch
+
+from attention_reference import dwc_ref, module_out, module_qkv, single_thread  # noqa: F401
+from mech_checks import assert_one_line_error, build, gradcheck_module
+from recent_checks import check_resolutions, elu1, grid_positions, rotate_complex, row_shares
+
+
+def angles_ref(layer, n):
+    """MLLA: over the C = H*d channels, pair m < C/4 turns by row * 10000^(-m/(C/4)), pair m >= C/4 by
+    column * 10000^(-(m - C/4)/(C/4)); head h holds pairs h*d/2 .. (h+1)*d/2 - 1."""
+    rows, cols = grid_positions(layer.current_grid(n), layer.num_prefix_tokens)
+    C = layer.num_heads * layer.head_dim
+    table = torch.empty(n, C // 2, dtype=torch.float64)
+    for m in range(C // 2):
+        axis, k = (rows, m) if m < C // 4 else (cols, m - C // 4)
+        table[:, m] = axis * 10000.0 ** (-k / (C // 4))
+    return table.reshape(n, layer.num_heads, -1).transpose(0, 1)
+
+
+def weights_ref(layer, q, k, eps=1e-6):
+    """(R_i phi q_i).(R_j phi k_j) / (phi q_i . sum_j phi k_j + n eps)."""
+    fq, fk = elu1(q), elu1(k)
+    angles = angles_ref(layer, q.shape[-2])
+    num = rotate_complex(fq, angles) @ rotate_complex(fk, angles).transpose(-2, -1)
+    return num / (fq @ fk.sum(-2).unsqueeze(-1) + k.shape[-2] * eps), num
+
+
+def reference(layer, x):
+    q, k, v = module_qkv(layer, x)
+    out = weights_ref(layer, q, k)[0] @ v
+    if layer.lepe is not None:
+        out = out + dwc_ref(v, layer.lepe, layer.current_grid(v.shape[-2]), layer.num_prefix_tokens)
+    return module_out(layer, out)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("options", [{}, {"kernel_size": 0}, {"heads": "projected", "head_dim": 6}])
+def test_module_is_the_float64_formula(prefix, options):
+    layer = build({"name": "mlla", **options}, tokens=prefix + 16, prefix=prefix, qkv_bias=True).double()
+    layer.token_grid = (2, 8)  # non-square: rows and columns must not be swapped
+    x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
+
+
+def test_each_head_turns_along_one_axis_and_probs_are_the_weights_shares():
+    layer = build("mlla", tokens=17, prefix=1).double()
+    angles = angles_ref(layer, 17)
+    rows, cols = grid_positions((4, 4), 1)
+    assert torch.equal(angles[0] == 0, (rows == 0)[:, None].expand(-1, 4))  # head 0: rows only
+    assert torch.equal(angles[1] == 0, (cols == 0)[:, None].expand(-1, 4))  # head 1: columns only
+    x = torch.randn(2, 17, 16, dtype=torch.float64)
+    index = torch.tensor([0, 4, 16])
+    expected = row_shares(weights_ref(layer, *module_qkv(layer, x)[:2])[1])[:, :, index]
+    torch.testing.assert_close(layer.probs(x, *layer.project(x)[:2], None, False, index), expected)
+
+
+def test_gradcheck():
+    layer = build({"name": "mlla"}, dim=8, tokens=5, prefix=1, qkv_bias=True).double()
+    assert gradcheck_module(layer, torch.randn(1, 5, 8, dtype=torch.float64), fast_mode=True)
+
+
+@pytest.mark.parametrize("spec, fix", [
+    ({"name": "mlla", "heads": "projected", "head_dim": 3}, "must be even"),
+    ({"name": "mlla", "kernel_size": 2}, "odd"),
+])
+def test_bad_options_are_one_line_naming_the_fix(spec, fix):
+    assert_one_line_error(spec, fix, 16, 2)
+
+
+def test_at_one_and_a_half_and_twice_the_resolution_in_both_backbones():
+    check_resolutions("mlla", reference)
