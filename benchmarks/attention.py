@@ -9,18 +9,18 @@
     python benchmarks/attention.py --e2e-only            # only that
     python benchmarks/attention.py --device cpu --min-n 16384 --max-n 16384 --retain-freed-memory   # the CPU target
 
-Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is
-often written), linear eager (vitzoo's reference formula, matmul-shaped), linear fused (the torch
-path: on CPU its steps in the compiled kernel, ``linear_torch``, and in torch ops, ``linear_torch_ops``;
-the Triton kernels on CUDA), efficient attention, and the families users compare against:
-performer (256 random features) and focused_linear (FLatten's features) on the fused path through
-precomputed features, hydra, nystrom (64 landmarks), linformer (k = 256), agent (7x7 agents) and
-window (7x7 windows over a square grid, or 16 rows when n is not a square). On CUDA also SDPA with its backend
-named (``softmax_flash``, ``softmax_efficient``: FlashAttention and memory-efficient kernels) and fla's chunked
-linear attention (``fla_chunk``, fla-core: causal, normalised, raw q and k as features; the nearest published
-kernel of the class); a mechanism that cannot run here (flash in fp32, fla not installed) is left out of the
-tables, its reason printed as a ``not run:`` line. ``--layout bnhd`` makes q, k, v views of (B, N, H, D) tensors, the layout timm's qkv
-projection and fla take. ``--accuracy`` adds bf16 and fp16 at the largest n with std-3 inputs against float64.
+Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is often written),
+linear eager (vitzoo's reference formula, matmul-shaped), linear fused (the torch path: on CPU its steps in the
+compiled kernel, ``linear_torch``, and in torch ops, ``linear_torch_ops``; the Triton kernels on CUDA), efficient
+attention, and the families users compare against: performer (256 random features) and focused_linear (FLatten's
+features) on the fused path through precomputed features, hydra, nystrom (64 landmarks), linformer (k = 256), agent
+(7x7 agents) and window (7x7 windows over a square grid, or 16 rows when n is not a square). On CUDA also SDPA with
+its backend named (``softmax_flash``, ``softmax_efficient``: FlashAttention and memory-efficient kernels) and fla's
+chunked linear attention (``fla_chunk``, fla-core: causal, normalised, raw q and k as features; the nearest
+published kernel of the class); a mechanism that cannot run here (flash in fp32, fla not installed) is left out of
+the tables, its reason printed as a ``not run:`` line. ``--layout bnhd`` makes q, k, v views of (B, N, H, D)
+tensors, the layout timm's qkv projection and fla take. ``--accuracy`` adds bf16 and fp16 at the largest n with
+std-3 inputs against float64.
 Mechanisms are interleaved within each
 repetition; a time is the best of the repetitions (``--stat min``, timeit's advice: on a shared
 machine noise only adds time) or their median (``--stat median``); ratios are against the fused
@@ -513,18 +513,28 @@ def e2e(args) -> None:
         for att in models:
             rows.append(dict(mode=mode, model=f"vit_{att}", img_per_s=batch / summarise(samples[att], args),
                              peak_mb=peak.get(att)))
-    if args.e2e_compile:
-        rows.append(compiled_row(models["linear"], x, args, autocast))
     print(f"\n## end to end: ViT-Tiny {size}x{size} patch 8 ({tokens:,} tokens), batch {batch}, {args.device.type} "
           f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps} (peak: above the weights and inputs)")
     print("| mode | model | img/s | peak MB |\n|---|---|---|---|")
     for r in rows:
-        peak_cell = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
-        print(f"| {r['mode']} | {r['model']} | {r['img_per_s']:.3g} | {peak_cell} |")
+        print(_e2e_line(r))
     for mode in args.e2e_modes:
         lin, soft = (next(r["img_per_s"] for r in rows if r["mode"] == mode and r["model"] == m)
                      for m in ("vit_linear", "vit_softmax"))
-        print(f"{mode}: vit_linear / vit_softmax img/s = {lin / soft:.2f}x")
+        print(f"{mode}: vit_linear / vit_softmax img/s = {lin / soft:.2f}x", flush=True)
+    _write_e2e_csv(rows, args, size, tokens, batch)
+    if args.e2e_compile:  # after the table and CSV are out: a compile stopped by a time limit leaves them
+        rows.append(compiled_row(models["linear"], x, args, autocast))
+        print(_e2e_line(rows[-1]))
+        _write_e2e_csv(rows, args, size, tokens, batch)
+
+
+def _e2e_line(r: dict) -> str:
+    peak_cell = f"{r['peak_mb']:.0f}" if r["peak_mb"] is not None else "-"
+    return f"| {r['mode']} | {r['model']} | {r['img_per_s']:.3g} | {peak_cell} |"
+
+
+def _write_e2e_csv(rows, args, size: int, tokens: int, batch: int) -> None:
     out = Path(args.out) / f"attention_{args.device.type}_e2e.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .layout import ARCHIVE, KIT, ROOT, TIME_LIMIT_S
+from .layout import ARCHIVE, BUDGET_S, KIT, REHEARSAL_BUDGET_S, ROOT, TIME_LIMIT_S
 
 
 def parse_args(argv=None):
@@ -20,12 +20,19 @@ def parse_args(argv=None):
                                                              "packages (what CI runs)")
     run.add_argument("--phases", default=None, help="comma list from tests,kernels,e2e,zoo (default: all)")
     run.add_argument("--budget-s", type=float, default=None,
-                     help=f"seconds for the whole run (default 530; rehearsal 110); give the command "
-                          f"{TIME_LIMIT_S} s for the default")
+                     help=f"seconds for the whole run (default {BUDGET_S}; rehearsal {REHEARSAL_BUDGET_S}); give the "
+                          f"command {TIME_LIMIT_S} s for the default")
+    run.add_argument("--zoo-epochs", type=int, default=None,
+                     help="the zoo's epoch count, no probe (a second command matching the first one's, whose "
+                          "summary names it)")
+    run.add_argument("--zoo-presets", default=None, help="comma list of the zoo's presets (default: all)")
     merge = sub.add_parser("merge", help="a GPU run's archive into docs/benchmarks/attention_cuda.* and docs/zoo/gpu/")
     merge.add_argument("archive", type=Path, help=f"the {ARCHIVE} a run left in $OUT")
     merge.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder (default: the repo's)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.command == "run" and args.zoo_epochs is not None and args.zoo_epochs < 1:
+        p.error(f"--zoo-epochs {args.zoo_epochs}: give a positive number of epochs (or leave it out for the probe)")
+    return args
 
 
 def main(argv=None) -> None:

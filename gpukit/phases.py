@@ -20,6 +20,8 @@ class Context:
     results: Path
     steps: Steps
     data: Optional[Path] = None
+    zoo_epochs: Optional[int] = None  # the zoo's epoch count (None: from the probe)
+    zoo_presets: Optional[List[str]] = None  # the zoo's presets (None: all)
 
 
 @dataclass

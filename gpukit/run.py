@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import List, Tuple
 
 from . import phases as P
-from .layout import ARCHIVE, DATA_NAME, KIT, ROOT, SUMMARY
+from .layout import ARCHIVE, BUDGET_S, DATA_NAME, KIT, REHEARSAL_BUDGET_S, ROOT, SUMMARY
 from .steps import Step, Steps
 from .zoo import zoo
 
 # (name, title, budget s; None: what is left), in order of value
 PHASES = [("tests", "a. CUDA tests", P.tests, 120), ("kernels", "b. kernel table", P.kernels, 150),
           ("e2e", "c. ViT-Tiny/8 at 1024 px", P.end_to_end, 90), ("zoo", "d. GPU zoo", zoo, None)]
-BUDGET_S, REHEARSAL_BUDGET_S = 530, 115
 REHEARSAL_PHASE_S = 40  # each of a-c in a rehearsal (they take 10-25 s on a busy 2-core CPU)
 CLOSING_S = 10  # summary and archive
 ARCHIVE_LIMIT = 15 * 2**20  # a returned file may have 16 MiB
@@ -125,7 +124,8 @@ def main(args) -> None:
     steps = Steps(results / "logs", env)
     pre = [] if args.rehearse else [install(steps, python)]
     info = environment(steps, python, results, args.rehearse)
-    ctx = P.Context(args.rehearse, python, results, steps, ROOT / KIT / "data" / DATA_NAME)
+    ctx = P.Context(args.rehearse, python, results, steps, ROOT / KIT / "data" / DATA_NAME, args.zoo_epochs,
+                    args.zoo_presets.split(",") if args.zoo_presets else None)
     wanted = args.phases.split(",") if args.phases else [name for name, *_ in PHASES]
     unknown = sorted(set(wanted) - {name for name, *_ in PHASES})
     if unknown:

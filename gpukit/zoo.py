@@ -13,7 +13,7 @@ import math
 import re
 import shutil
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List
 
 from .layout import ROOT
 from .phases import Context, Outcome
@@ -60,7 +60,7 @@ def zoo(ctx: Context) -> Outcome:
     """d. Every preset at the epoch count that fits, one result file per finished run, the table over them."""
     work, out = ctx.results.parent / "zoo-work", ctx.results / "zoo"  # work: checkpoints, never archived
     budget = "cpu" if ctx.rehearse else "gpu"
-    names = list(REHEARSAL_PRESETS) if ctx.rehearse else presets()
+    names = ctx.zoo_presets or (list(REHEARSAL_PRESETS) if ctx.rehearse else presets())
     data = tiny_data(work / "data") if ctx.rehearse else ctx.data
     extra = TINY if ctx.rehearse else []
     images = count_images(data) * 9 // 10 if ctx.rehearse else TRAIN_IMAGES
@@ -71,27 +71,36 @@ def zoo(ctx: Context) -> Outcome:
                 "--phases", phases, "--work", work / tag, "--out", out / f"{tag}-report"]
         return argv + [a for o in [*overrides, *extra] for a in ("--override", o)]
 
-    steps = [ctx.steps.run("d-probe", harness(names[:1], "train", "zoo", recipe_of(1)))]
-    if not steps[0].ok:
-        return Outcome(steps, f"probe failed: {steps[0].status}")
-    probe_dir = work / "zoo" / names[0] / "seed0"
-    rate = probe_rate(probe_dir / "harness.log")
-    shutil.copy2(probe_dir / "harness.log", ctx.results / "logs" / "d-probe-harness.log")
-    overhead = max(steps[0].seconds - images / rate, 5.0)
-    e = epochs(ctx.steps.left() - report_s, len(names), workers, rate, overhead, images, cap)
+    if ctx.zoo_epochs:  # given: no probe (a second command joining the first one's recipe)
+        steps, e, plan = [], ctx.zoo_epochs, f"{ctx.zoo_epochs} epoch(s) as asked"
+    else:
+        steps = [ctx.steps.run("d-probe", harness(names[:1], "train", "zoo", recipe_of(1)))]
+        if not steps[0].ok:
+            return Outcome(steps, f"probe failed: {steps[0].status}")
+        probe_dir = work / "zoo" / names[0] / "seed0"
+        rate = probe_rate(probe_dir / "harness.log")
+        shutil.copy2(probe_dir / "harness.log", ctx.results / "logs" / "d-probe-harness.log")
+        overhead = max(steps[0].seconds - images / rate, 5.0)
+        e = epochs(ctx.steps.left() - report_s, len(names), workers, rate, overhead, images, cap)
+        plan = f"probe {rate:.0f} img/s, {overhead:.0f} s start-up -> {e} epoch(s)"
+        if e != 1:
+            shutil.rmtree(probe_dir)  # trained with another recipe: the worker trains it again
     recipe = recipe_of(e)
-    if e != 1:
-        shutil.rmtree(probe_dir)  # trained with another recipe: the worker trains it again
     todo = [n for n in names if not (work / "zoo" / n / "seed0" / "metrics.json").is_file()]
     started = [ctx.steps.start(f"d-worker{i}", harness(todo[i::workers], "train", "zoo", recipe))
                for i in range(min(workers, len(todo)))]
     steps += ctx.steps.wait(started, cap=ctx.steps.left() - report_s)
     steps.append(ctx.steps.run("d-report", harness(names, "report", "zoo", recipe), min_s=3))
     keep_logs(work, out / "logs")
-    done, accs = results_summary(out / "zoo-report" / "results.csv")
-    headline = (f"probe {rate:.0f} img/s, {overhead:.0f} s start-up -> {e} epoch(s), {workers} runs at a time; "
-                f"{done} of {len(names)} presets finished" + (f"; val acc {accs[0]:.1%}-{accs[1]:.1%}" if done else ""))
-    return Outcome(steps, headline, f"trained with: {' '.join(recipe + extra)}")
+    finished = finished_runs(out / "zoo-report" / "results.csv")
+    accs = sorted(finished.values())
+    headline = (f"{plan}, {workers} runs at a time; {len(finished)} of {len(names)} presets finished"
+                + (f"; val acc {accs[0]:.1%}-{accs[-1]:.1%}" if accs else ""))
+    left = [n for n in names if n not in finished]
+    notes = [f"trained with: {' '.join(recipe + extra)}",
+             f"not finished: {','.join(left)}" if left else "every preset finished",
+             *([f"the rest: --phases zoo --zoo-epochs {e} --zoo-presets {','.join(left)}"] if left else [])]
+    return Outcome(steps, headline, "\n".join(notes))
 
 
 def tiny_data(root: Path, classes: int = 10, per_class: int = 10) -> Path:
@@ -111,11 +120,12 @@ def count_images(root: Path) -> int:
     return sum(1 for _ in root.glob("train/*/*.jpg"))
 
 
-def results_summary(table: Path) -> Tuple[int, Tuple[float, float]]:
+def finished_runs(table: Path) -> Dict[str, float]:
+    """{preset: val acc} of the report's rows."""
     if not table.is_file():
-        return 0, (0.0, 0.0)
-    accs = [float(r["val acc"]) for r in csv.DictReader(open(table)) if r.get("val acc")]
-    return len(accs), (min(accs, default=0.0), max(accs, default=0.0))
+        return {}
+    rows = {r["preset"]: r.get("val acc", "") for r in csv.DictReader(open(table))}
+    return {preset: float(acc) for preset, acc in rows.items() if re.fullmatch(r"[\d.]+(e-?\d+)?", acc)}
 
 
 def keep_logs(work: Path, dest: Path) -> None:
