@@ -1,6 +1,8 @@
 """robustness.corrupt: documented strengths, ranges, determinism, protocols, bad input."""
+import importlib.util
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from PIL import Image
 from vitzoo import robustness
 from vitzoo.robustness import CORRUPTIONS, corrupt, list_corruptions
 from vitzoo.robustness.corruptions.blur import zoom_factors
-from vitzoo.robustness.corruptions.weather import frost_dir
+from vitzoo.robustness.corruptions.weather import FROST_FILES, frost_dir
 
 # The source constants, written out here so that a changed constant in the library fails a test:
 # "cifar" from hendrycks/robustness ImageNet-C/create_c/make_cifar_c.py, "imagenet" from
@@ -64,12 +66,7 @@ FROST_RESIZE = {"cifar": 0.2, "imagenet": 1}
 NOISES = ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"]
 RANDOM = set(NOISES) | {"glass_blur", "motion_blur", "snow", "frost", "fog", "spatter", "elastic_transform"}
 CASES = [(p, s) for p in ("cifar", "imagenet") for s in range(1, 6)]
-try:
-    frost_dir()
-    FROST = []
-except FileNotFoundError as err:  # the frost images come with imagecorruptions; without it frost is an error
-    FROST = [pytest.mark.skip(reason=str(err))]
-ALL = [pytest.param(n, marks=FROST) if n == "frost" else n for n in sorted(CONSTANTS)]
+ALL = sorted(CONSTANTS)
 
 
 def gen(seed):
@@ -339,20 +336,20 @@ def test_bad_input_names_the_fix(kwargs, match):
         corrupt(**args)
 
 
-def test_frost_without_imagecorruptions_names_the_install(monkeypatch):
-    from vitzoo.robustness.corruptions import weather
-    monkeypatch.setattr(weather, "FROST_PACKAGE", "imagecorruptions_not_installed")
-    weather._frost_images.cache_clear()
-    weather._frost_layers.cache_clear()
-    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps imagecorruptions==1\.1\.2"):
-        corrupt(texture(32).float(), "frost", 3)
-    weather._frost_images.cache_clear()
+def test_the_shipped_frost_images_are_imagecorruptions_pixels():
+    """The package data holds the reference frost images' RGB values to the last bit (re-encoded losslessly)."""
+    reference = importlib.util.find_spec("imagecorruptions")  # not imported: it needs pkg_resources
+    if reference is None:
+        pytest.skip("the reference: pip install --no-deps imagecorruptions==1.1.2 (bash .ci/run installs it)")
+    source = Path(reference.origin).parent / "frost"
+    for i, name in enumerate(FROST_FILES, start=1):
+        original, = source.glob(f"frost{i}.*")
+        with Image.open(frost_dir() / name) as ours, Image.open(original) as theirs:
+            assert np.array_equal(np.asarray(ours.convert("RGB")), np.asarray(theirs.convert("RGB"))), name
 
 
 @pytest.mark.parametrize("name", ["brightness", "saturate", "snow", "frost", "spatter"])
 def test_colour_corruptions_need_gray_or_rgb(name):
-    if name == "frost" and FROST:
-        pytest.skip(FROST[0].kwargs["reason"])
     with pytest.raises(ValueError, match=f"{name} needs 1 or 3 channels"):
         corrupt(torch.rand(1, 2, 32, 32), name, 3)
     gray = corrupt(torch.rand(2, 1, 32, 32), name, 3, generator=gen(0))

@@ -10,6 +10,9 @@ drawing for itself (then the mean and std of the change, image by image, agree w
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -54,12 +57,17 @@ def gen(seed: int) -> torch.Generator:
 
 # ---------------------------------------------------------------- the formulas imagecorruptions departs from
 
+def reference_frost(idx: int) -> Path:
+    """imagecorruptions' own frost image ``idx`` (0-4), not vitzoo's re-encoded copy."""
+    folder = Path(importlib.util.find_spec("imagecorruptions").origin).parent / "frost"
+    return folder / f"frost{idx + 1}.{'png' if idx < 3 else 'jpg'}"
+
+
 def hendrycks_frost(x_u8: np.ndarray, c: tuple, idx=None, top=None, left=None) -> np.ndarray:
     """make_cifar_c.py (frost images resized by 0.2) / corruptions.py (as they are) frost; draws its own
     frost, top and left with np.random unless given."""
     idx = np.random.randint(5) if idx is None else idx
-    from vitzoo.robustness.corruptions.weather import FROST_FILES, frost_dir
-    frost = cv2.imread(str(frost_dir() / FROST_FILES[idx]))
+    frost = cv2.imread(str(reference_frost(idx)))
     if c[2] != 1:
         frost = cv2.resize(frost, (0, 0), fx=c[2], fy=c[2])
     h, w = x_u8.shape[:2]
@@ -198,13 +206,12 @@ def fed_draws(name: str, x: torch.Tensor, c, g: torch.Generator) -> list[dict]:
 
 def frost_draws(x: torch.Tensor, c, g: torch.Generator) -> list[dict]:
     """vitzoo's frost draws (image, then top-left as a fraction of the room) as the formula's arguments."""
-    from vitzoo.robustness.corruptions.weather import FROST_FILES, frost_dir
     b, _, h, w = x.shape
     pick = torch.randint(0, 5, (b,), generator=g)
     u = torch.rand((b, 2), generator=g, dtype=torch.float64)
     out = []
     for i in range(b):
-        fh, fw = cv2.imread(str(frost_dir() / FROST_FILES[pick[i]])).shape[:2]
+        fh, fw = cv2.imread(str(reference_frost(int(pick[i])))).shape[:2]
         fh, fw = int(fh * c[2]), int(fw * c[2])
         out.append({"idx": int(pick[i]), "top": int(u[i, 0] * (fh - h)), "left": int(u[i, 1] * (fw - w))})
     return out

@@ -57,6 +57,19 @@ def test_a_refused_start_after_the_imports_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_missing_optional_dependency_is_one_line_before_any_run_folder(tmp_path):
+    fake = tmp_path / "no-torchattacks" / "torchattacks"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torchattacks'\")\n")
+    (tmp_path / "run.ckpt").write_bytes(b"not read: the install is checked first")
+    before = _tree(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = run_python(ROOT / "eval.py", "ckpt_path=run.ckpt", "robustness.adversarial=[2]",
+                      "robustness.attack=autoattack", cwd=tmp_path, env=env)
+    _refused(proc, "needs torchattacks: pip install --no-deps torchattacks==3.5.1")
+    assert _tree(tmp_path) == before
+
+
 @pytest.mark.slow
 def test_a_refused_resume_leaves_the_run_as_it_was_and_a_failed_run_keeps_its_error(tmp_path):
     run = tmp_path / "run"

@@ -353,22 +353,18 @@ def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_refuses_a_missing_frost_or_attack_install_before_the_first_pass(checkpoints, tmp_path, monkeypatch):
-    """A sweep would die at its frost or attack pass after minutes of others: the installs are checked first."""
-    from vitzoo.robustness.corruptions import weather
-
+def test_eval_refuses_a_missing_autoattack_install_before_the_first_pass(checkpoints, tmp_path, monkeypatch):
+    """A sweep would die at its AutoAttack pass after minutes of others: the install is checked first; PGD and
+    frost need nothing besides vitzoo."""
     def no_pass(*args, **kwargs):
         raise AssertionError("a pass ran before the install check")
 
     monkeypatch.setattr(robustness.run, "run_pass", no_pass)
-    monkeypatch.setattr(weather, "FROST_PACKAGE", "imagecorruptions_not_installed")
-    overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness=clean", "robustness.progress=false"]
-    with pytest.raises(FileNotFoundError, match=r"frost blends .*pip install --no-deps imagecorruptions==1\.1\.2"):
-        evaluate_checkpoints(compose_config(tmp_path / "a", [*overrides, "robustness.corruptions=[contrast,frost]"],
-                                            name="eval"))
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # import torchattacks raises ImportError
+    overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness=clean", "robustness.progress=false",
+                 "robustness.adversarial=[2]"]
     with pytest.raises(ImportError, match=r"needs torchattacks: pip install --no-deps torchattacks==3.5.1"):
-        evaluate_checkpoints(compose_config(tmp_path / "b", [*overrides, "robustness.adversarial=[2]"], name="eval"))
+        evaluate_checkpoints(compose_config(tmp_path / "b", [*overrides, "robustness.attack=autoattack"], name="eval"))
 
 
 @pytest.mark.slow
@@ -449,7 +445,6 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
 
 @pytest.mark.slow
 def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkpoints):
-    pytest.importorskip("torchattacks", reason=ATTACKS)
     from vitzoo.robustness.adversarial import adversarial_accuracy
 
     model, hp = load_classifier(checkpoints["vit_softmax"])
@@ -481,13 +476,12 @@ def test_autoattack_is_at_least_as_strong_as_pgd_on_a_trained_digits_model(check
     assert result["autoattack_acc1"] < clean - 0.3, (clean, result)
     pgd_only = adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"))
     assert pgd_only == {k: v for k, v in result.items() if k != "autoattack_acc1"}  # AutoAttack leaves PGD's draws
-    with pytest.raises(ValueError, match="robustness.attack='apgd'; choose pgd .* or autoattack"):
+    with pytest.raises(ValueError, match="attack='apgd'; choose pgd .* or autoattack"):
         adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"), attack="apgd")
 
 
 @pytest.mark.slow
 def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
-    pytest.importorskip("torchattacks", reason=ATTACKS)
     overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness=clean", "robustness.adversarial=[2,8]",
                  "robustness.max_images=90", "robustness.progress=false", "robustness.plots=true",
                  "robustness.tensorboard=true"]

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ATTACKS, ROOT
-from vitzoo.robustness.corruptions.weather import frost_dir
+from conftest import ROOT
 from vitzoo.robustness.mce import BENCHMARK
 from zoo_plan import BUDGETS
 from zoo_results import CORRUPTION_15X5, PGD_2, PGD_CHECK
@@ -36,11 +35,6 @@ def _zoo(*args):
 
 @pytest.mark.slow
 def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
-    pytest.importorskip("torchattacks", reason=ATTACKS)  # robustness=zoo attacks with PGD and corrupts with frost
-    try:
-        frost_dir()
-    except FileNotFoundError as err:
-        pytest.skip(str(err))
     _jpeg_tree(tmp_path / "data")
     work, out = tmp_path / "work", tmp_path / "report"
     args = ["--budget", "cpu", "--data", tmp_path / "data", "--work", work, "--out", out,

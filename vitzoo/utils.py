@@ -15,9 +15,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from omegaconf.errors import MissingMandatoryValue
 
+from vitzoo.errors import MissingDependency
+
 __all__ = ["USER_ERRORS", "user_errors", "instantiate_config", "write_json"]
 
-USER_ERRORS = (ValueError, FileNotFoundError)
+USER_ERRORS = (ValueError, FileNotFoundError, MissingDependency)
 
 
 @contextmanager

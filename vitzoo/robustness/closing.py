@@ -101,7 +101,7 @@ def results_table(records: Sequence[dict], summary: Dict[str, dict], baseline: O
                      "(sigma 0 = clean)")
     if "PGD L-inf" in groups:
         lines.append("PGD L-inf: accuracy under PGD (10 steps of 2.5 eps / 10, random start) at eps in grey levels "
-                     "of a [0, 1] image (torchattacks); FGSM's in robustness.json / .csv (fgsm_acc1)")
+                     "of a [0, 1] image; FGSM's in robustness.json / .csv (fgsm_acc1)")
     if "AutoAttack L-inf" in groups:
         lines.append("AutoAttack L-inf: accuracy under AutoAttack's standard set (APGD-CE, APGD-T, FAB-T, Square; "
                      "torchattacks) at the same eps")

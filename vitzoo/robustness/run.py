@@ -21,7 +21,6 @@ from vitzoo.utils import instantiate_config, write_json
 from .adversarial import require_torchattacks
 from .closing import file_lines, results_table
 from .corruptions import CIFAR_MAX_SIDE
-from .corruptions.weather import frost_dir
 from .plots import plot_results
 from .report import log_tensorboard, summarize, write_results
 from .source import released_files
@@ -150,6 +149,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
     rob = cfg.robustness
     sweep = Sweep(**{k: OmegaConf.to_object(rob[k]) if OmegaConf.is_config(rob[k]) else rob[k] for k in SWEEP_KEYS})
+    if sweep.adversarial and sweep.attack == "autoattack":
+        require_torchattacks()  # one error naming the install, before anything is loaded or logged
     entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), rob.get("baseline"))
     loaded = [load_classifier(path) for _, path in entries]  # every checkpoint checked before the first pass
     _check_img_size(cfg.data.get("img_size"), entries, loaded)
@@ -175,10 +176,6 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     files = released_files(rob.source, rob.root, sweep.corruptions, sweep.protocol,
                            {label: hp["img_size"] for label, (_, hp) in zip(labels, loaded)},
                            getattr(dm, "classes", None), dm.eval_batch_size, dm.num_workers, rob.get("max_images"))
-    if files is None and "frost" in sweep.corruptions:
-        frost_dir()  # its reference images are there, or one error naming the install, before the first pass
-    if sweep.adversarial:
-        require_torchattacks()
     loader_at = _unit_loaders(cfg.data, channels.pop(), rob.get("max_images"))
     device = _device(cfg.device)
 

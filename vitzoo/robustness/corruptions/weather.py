@@ -1,7 +1,6 @@
 """The weather family (snow, frost, fog; brightness lives in ``digital``): ``fn(images, c, generator)``."""
 from __future__ import annotations
 
-import importlib.util
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -15,10 +14,9 @@ from .blur import motion_blur_at
 from .draws import integers, normal, uniform
 from .filters import check_channels, clipped_zoom, gray
 
-FROST_FILES = ("frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg")  # the reference draws
-# randint(5): the sixth file it ships is never used
-FROST_PACKAGE = "imagecorruptions"
-FROST_INSTALL = "pip install --no-deps imagecorruptions==1.1.2"
+# The reference frost images drawn from at random (imagecorruptions 1.1.2's frost1-5, Apache-2.0: frost/README.md;
+# its randint(5) never draws the sixth file it ships)
+FROST_FILES = ("frost1.webp", "frost2.webp", "frost3.webp", "frost4.jpg", "frost5.jpg")
 
 
 # ---------------------------------------------------------------- fog
@@ -71,13 +69,8 @@ def fog(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tensor:
 # ---------------------------------------------------------------- frost
 
 def frost_dir() -> Path:
-    """The reference frost images, as shipped by the ``imagecorruptions`` package (not imported)."""
-    spec = importlib.util.find_spec(FROST_PACKAGE)
-    folder = Path(next(iter(spec.submodule_search_locations))) / "frost" if spec else None
-    if folder is None or not all((folder / f).is_file() for f in FROST_FILES):
-        raise FileNotFoundError(f"frost blends the reference frost images shipped by the {FROST_PACKAGE} package; "
-                                f"install it with `{FROST_INSTALL}`")
-    return folder
+    """The folder of the reference frost images, package data of vitzoo."""
+    return Path(__file__).resolve().parent / "frost"
 
 
 @lru_cache(maxsize=1)
