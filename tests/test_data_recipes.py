@@ -43,6 +43,18 @@ def test_deit_train_transform_shape_and_seeding_leave_the_global_generators_alon
     assert torch.equal(torch.get_rng_state(), states[2])
 
 
+def test_randaugment_posterize_at_full_magnitude_keeps_zero_bits():
+    """Magnitude 10 (which m9 mstd0.5 draws 2% of the time) asks posterize for 0 bits: a black image, not Pillow's
+    'bits must be between 1 and 8' in the middle of an epoch."""
+    recipe = build_recipe("deit", 32, (0.0,) * 3, (1.0,) * 3, aug=dict(auto_augment="rand-m10-n3-mstd0-inc1",
+                                                                       re_prob=0.0))
+    op = next(op for op in recipe.train.transform.transforms[2].ops if op.name == "PosterizeIncreasing")
+    assert op.aug_fn(Image.fromarray(_photo(20, 20)), 0).getextrema() == ((0, 0),) * 3
+    for seed in range(80):
+        recipe.train.set_random_seed(seed)
+        assert recipe.train(image=_photo(40, 40, seed))["image"].shape == (3, 32, 32)
+
+
 def test_deit_erasing_rate_and_area_follow_the_recipe():
     """RandAugment off, a grey image: every pixel normalises to one value except where random erasing wrote noise.
     Erased in 25% of the images (re_prob), each time 2-33% of the area (timm's bounds)."""

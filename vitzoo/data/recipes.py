@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform, resolve_data_config
+from timm.data.auto_augment import AugmentOp
 from timm.models import get_pretrained_cfg
 
 from vitzoo.options import reject_unknown
@@ -44,6 +45,24 @@ def read_pil(path) -> Image.Image:
 def decode_pil(data: bytes) -> Image.Image:
     """An encoded image (a file's bytes) as :func:`read_pil` reads the file."""
     return read_pil(io.BytesIO(data))
+
+
+def posterize(image: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize op keeping 0 bits as it was written for (a black image): Pillow 13 refuses 0 bits, which
+    RandAugment's ``PosterizeIncreasing`` asks for whenever a magnitude draw reaches 10 (m9 mstd0.5: 2% of draws)."""
+    if bits_to_keep >= 8:
+        return image
+    mask = ~(2 ** (8 - bits_to_keep) - 1) & 0xFF
+    return image.point([value & mask for value in range(256)] * len(image.getbands()))
+
+
+def _any_bits_posterize(transform) -> None:
+    """Every posterize op inside ``transform`` (timm's RandAugment, AutoAugment, AugMix) uses :func:`posterize`."""
+    for step in getattr(transform, "transforms", []):
+        ops = [*getattr(step, "ops", []), *(op for sub in getattr(step, "policy", []) for op in sub)]
+        for op in ops:
+            if isinstance(op, AugmentOp) and op.name.startswith("Posterize"):
+                op.aug_fn = posterize
 
 
 class SeededTransform:
@@ -120,6 +139,7 @@ def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[
                       build_eval_transform(img_size, mean, std))
     reject_unknown("data.aug (data.recipe=deit)", aug, DEIT_AUG)
     train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **{**DEIT_AUG, **aug})
+    _any_bits_posterize(train)
     config = resolve_data_config(dict(input_size=(3, img_size, img_size), mean=tuple(mean), std=tuple(std),
                                       crop_pct=crop_pct, interpolation=interpolation),
                                  pretrained_cfg=dict(pretrained_cfg or {}))
