@@ -16,7 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+try:
+    import hydra  # noqa: F401  (the entry points' own import, checked here first)
+    from omegaconf import DictConfig, OmegaConf
+except ModuleNotFoundError as missing:  # the library alone: `pip install vitzoo`
+    sys.exit(f"error: {missing.name} is not installed; train.py, eval.py and predict.py need vitzoo's train extra: "
+             f"pip install 'vitzoo[train]' (from a clone: pip install -e '.[train]')")
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 _HIDDEN_GROUPS = ("hydra",)
@@ -81,7 +86,8 @@ def _one_line(err: Exception) -> str:
         group, _, option = err.missing_cfg_file.rpartition("/")
         return f"{group}={option} is not a preset; choose one of: {', '.join(err.options)}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [repr(err)]
-    if len(lines) > 1 and lines[1].startswith("To "):  # "Could not override 'x'." and its fix; then OmegaConf's internals
+    # "Could not override 'x'." and its fix; then OmegaConf's internals
+    if len(lines) > 1 and lines[1].startswith("To "):
         lines = lines[:2]
     return " ".join(lines)
 

@@ -1,10 +1,10 @@
 """Train an image classifier: ``python train.py model=vit_linear`` (configs in configs/, see README)."""
 from typing import Optional
 
+from launch import check_paths, launch, refused_start_leaves_nothing  # first: names a missing train extra
+
 import hydra
 from omegaconf import DictConfig
-
-from launch import check_paths, launch, refused_start_leaves_nothing
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

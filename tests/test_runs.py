@@ -16,7 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import ROOT, run_python
 from vitzoo.training import read_checkpoint
 
-RUN = ["debug=tiny_vit", "model=vit_softmax", "callbacks.attention_entropy=null"]  # 64 images, batch 16: 4 steps an epoch
+# 64 images, batch 16: 4 steps an epoch
+RUN = ["debug=tiny_vit", "model=vit_softmax", "callbacks.attention_entropy=null"]
 NOISE = ("GPU available", "TPU available", "Tip:", "FLOPs", "LeafSpec", "Trainer.fit` stopped", "INFO: ")
 
 
@@ -64,6 +65,27 @@ def _steps(event_file: Path, tag: str):
     events = EventAccumulator(str(event_file), size_guidance={"scalars": 0})
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def _files(folder: Path) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_says_so_in_one_line_and_rewrites_nothing(first_run):
+    root, run, _ = first_run
+    last = run / "checkpoints" / "last.ckpt"
+    done = read_checkpoint(last)["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+    before = _files(run)
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *RUN, f"trainer.max_epochs={done}",
+                           f"ckpt_path={last}"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (
+        f"error: ckpt_path={str(last)!r} is of a run that already finished its {done} epoch(s) (trainer.max_epochs="
+        f"{done}); nothing is left to train: to train it further, resume with a larger trainer.max_epochs (e.g. "
+        f"trainer.max_epochs={2 * done})")
+    assert _files(run) == before  # metrics.json, train.log, .hydra/ as they were; no resume config left
+    assert not (root / "logs").exists()
 
 
 @pytest.mark.slow

@@ -100,6 +100,22 @@ def _check_resume(checkpoint: Dict[str, Any], module: L.LightningModule, ckpt_pa
                          f"data= options it was trained with{again}")
 
 
+def _check_unfinished(checkpoint: Dict[str, Any], trainer_cfg: DictConfig, ckpt_path: str) -> None:
+    """Resuming a run that already reached its trainer.max_epochs / max_steps would train 0 steps and rewrite its
+    metrics.json without the validation metrics: one line instead, saying how to train further."""
+    epochs = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+    done, step = epochs.get("processed", 0), checkpoint.get("global_step", 0)
+    max_epochs, max_steps = trainer_cfg.get("max_epochs"), trainer_cfg.get("max_steps") or -1
+    if max_steps > 0 and step >= max_steps:
+        raise ValueError(f"ckpt_path={ckpt_path!r} is of a run that already took its trainer.max_steps={max_steps} "
+                         f"steps; nothing is left to train: to train it further, resume with a larger "
+                         f"trainer.max_steps (e.g. trainer.max_steps={2 * max_steps})")
+    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+        raise ValueError(f"ckpt_path={ckpt_path!r} is of a run that already finished its {done} epoch(s) "
+                         f"(trainer.max_epochs={max_epochs}); nothing is left to train: to train it further, resume "
+                         f"with a larger trainer.max_epochs (e.g. trainer.max_epochs={done + max(1, done)})")
+
+
 def _build_trainer(cfg: DictConfig) -> L.Trainer:
     """``cfg.trainer`` with every callback and logger of the config, hyperparameters logged. Off a terminal
     the progress bar gives way to EpochLog's lines (unless ``trainer.enable_progress_bar`` is set)."""
@@ -127,6 +143,8 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     threads = size_thread_pools()
     ckpt_path = cfg.get("ckpt_path")
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None  # clear errors before Lightning's
+    if checkpoint is not None:
+        _check_unfinished(checkpoint, cfg.trainer, ckpt_path)
     datamodule, module = build_run(cfg)
     if checkpoint is not None:
         _check_resume(checkpoint, module, ckpt_path)
