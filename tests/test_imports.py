@@ -76,3 +76,20 @@ def test_no_import_circle_in_vitzoo():
 
 def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_vitzoo_attention_imports_every_module_of_its_package_and_exports_every_mechanism():
+    """Registration happens on import: a mechanism file missing from vitzoo/attention/__init__.py would not exist
+    for create_model. Each registered class is exported by name."""
+    import vitzoo.attention as attention
+
+    init = ast.parse((PACKAGE / "attention" / "__init__.py").read_text())
+    imported = {node.module for node in init.body if isinstance(node, ast.ImportFrom) and node.level == 1}
+    imported |= {alias.name for node in init.body if isinstance(node, ast.ImportFrom) and node.level == 1
+                 and node.module is None for alias in node.names}
+    modules = {p.stem for p in (PACKAGE / "attention").glob("*.py") if p.stem != "__init__"}
+    missing = sorted(modules - imported)
+    assert not missing, f"add `from .{missing[0]} import <its classes>` to vitzoo/attention/__init__.py"
+    classes = {attention.resolve_attention(name)[0] for name in attention.list_attentions()}
+    assert {cls.__name__ for cls in classes} <= set(attention.__all__)
+    assert all(getattr(attention, cls.__name__) is cls for cls in classes)

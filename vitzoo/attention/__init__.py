@@ -1,26 +1,47 @@
 """How tokens attend: mechanisms behind one contract (``ZooAttention``) and a name registry.
 
-Every module of this package is imported here, so a mechanism registers itself by existing: adding
-one is one file (``@register_attention``) plus its preset in configs/model/. Each registered class is
-exported under its own name.
+A mechanism is one file whose class registers itself (``@register_attention``) when the file is imported;
+every module of this package is imported below (tests/test_imports.py checks that none is missing), so
+adding one is its file, its import line here and its preset in configs/model/.
 """
-import importlib as _importlib
-import pkgutil as _pkgutil
-
 from . import functional
+from .agent import AgentAttention
 from .base import HEAD_MODES, HeadProjection, ZooAttention
+from .decoupled import DecoupledRopeAttention
+from .efficient import EfficientAttention
 from .feature_maps import FeatureMap, build_feature_map, list_feature_maps, register_feature_map
+from .focused_linear import FocusedLinearAttention
+from .gated import LinearGatedAttention
+from .grid import GridBoundAttention
+from .grid_conv import GridDepthwiseConv
+from .hedgehog import HedgehogFeatureMap
+from .hydra import HydraAttention
+from .inline import InLineAttention
+from .linear import LinearAttention
+from .linformer import LinformerAttention
+from .lion import LionAttention
+from .mlla import MllaAttention
+from .nystrom import NystromAttention
+from .performer import PerformerAttention, PerformerFeatureMap
+from .pola import PolaAttention
+from .rala import RalaAttention
 from .registry import (AttentionSpec, attention_layer, attention_options, build_attention, list_attentions,
                        register_attention, resolve_attention)
-
-for _module in _pkgutil.iter_modules(__path__):
-    _importlib.import_module(f"{__name__}.{_module.name}")
-
-_MECHANISMS = {cls.__name__: cls for cls in (resolve_attention(name)[0] for name in list_attentions())}
-globals().update(_MECHANISMS)
+from .softmax import SoftmaxAttention
+from .synthesizer import (SynthDenseAttention, SynthesizerAttention, SynthFactorizedDenseAttention,
+                          SynthFactorizedRandomAttention, SynthMixAttention, SynthRandomAttention)
+from .window import WindowAttention
 
 __all__ = [
     "functional", "AttentionSpec", "ZooAttention", "HeadProjection", "HEAD_MODES", "register_attention",
     "list_attentions", "resolve_attention", "attention_options", "build_attention", "attention_layer",
-    "FeatureMap", "register_feature_map", "list_feature_maps", "build_feature_map", *sorted(_MECHANISMS),
+    "FeatureMap", "register_feature_map", "list_feature_maps", "build_feature_map", "HedgehogFeatureMap",
+    "PerformerFeatureMap", "GridBoundAttention", "GridDepthwiseConv", "DecoupledRopeAttention", "LinearGatedAttention",
+    "SynthesizerAttention",
+    # the registered mechanisms
+    "AgentAttention", "EfficientAttention", "FocusedLinearAttention", "HydraAttention", "InLineAttention",
+    "LinearAttention", "LinformerAttention", "LionAttention", "MllaAttention", "NystromAttention",
+    "PerformerAttention", "PolaAttention", "RalaAttention", "SoftmaxAttention", "SynthDenseAttention",
+    "SynthFactorizedDenseAttention", "SynthFactorizedRandomAttention", "SynthMixAttention", "SynthRandomAttention",
+    "WindowAttention",
 ]

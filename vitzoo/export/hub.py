@@ -1,6 +1,6 @@
 """Export directories in timm's hub layout (``model.safetensors`` + ``config.json``) and loading them.
 
-The config is written by timm's own ``save_config_for_hf``, so ``timm.create_model('local-dir:<dir>',
+Weights and config are written by timm's public ``save_for_hf``, so ``timm.create_model('local-dir:<dir>',
 pretrained=True)`` reads back exactly what was saved: the architecture, ``model_args`` (the full
 attention spec as JSON, the model's shape, ``num_classes``) and ``pretrained_cfg`` (input size,
 mean/std, interpolation). A ``vitzoo`` entry adds the weights' SHA-256 so corruption is caught.
@@ -8,14 +8,14 @@ mean/std, interpolation). A ``vitzoo`` entry adds the weights' SHA-256 so corrup
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
 import timm
 import torch.nn as nn
-from safetensors.torch import save_file
-from timm.models._hub import save_config_for_hf
+from timm.models import save_for_hf
 
 import vitzoo
 from vitzoo.models.local_dir import (
@@ -48,14 +48,13 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file; the export is a folder (model.safetensors + config.json): pass a "
                          f"folder path")
-    out.mkdir(parents=True, exist_ok=True)
-    weights = out / WEIGHTS_NAME
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(weights),
-              metadata={"format": "pt"})
+    save_for_hf(model, str(out), model_config={"vitzoo": {"version": vitzoo.__version__}},
+                model_args=_pinned_args(model), safe_serialization=True, data_config=dict(data_config or {}))
+    weights, config_file = out / WEIGHTS_NAME, out / CONFIG_NAME
     _chmod_like_a_new_file(weights)
-    info = {"version": vitzoo.__version__, "weights_sha256": file_sha256(weights)}
-    save_config_for_hf(model, str(out / CONFIG_NAME), model_config={"vitzoo": info},
-                       model_args=_pinned_args(model), data_config=dict(data_config or {}))
+    config = json.loads(config_file.read_text())
+    config["vitzoo"]["weights_sha256"] = file_sha256(weights)
+    config_file.write_text(json.dumps(config, indent=2))
     return out
 
 

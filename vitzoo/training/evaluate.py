@@ -9,6 +9,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
 
 from .module import build_model
 
@@ -78,7 +80,8 @@ def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: Optional[torch.device] = None,
              preprocess: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Dict[str, float]:
-    """Top-1 / top-5 accuracy and mean cross-entropy of ``model`` over ``loader``.
+    """Top-1 / top-5 accuracy and mean cross-entropy of ``model`` over ``loader`` (torchmetrics, as the training
+    module counts them).
 
     ``preprocess`` maps each image batch (already on ``device``) before the forward pass, e.g.
     a corruption followed by normalisation when the loader yields [0, 1] images.
@@ -86,22 +89,23 @@ def evaluate(model: nn.Module, loader, device: Optional[torch.device] = None,
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
-    correct1 = correct5 = 0
-    loss_sum, count = 0.0, 0
+    metrics: Optional[MetricCollection] = None
+    loss = MeanMetric().to(device)
     try:
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
             if preprocess is not None:
                 images = preprocess(images)
             logits = model(images).float()
-            top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-            hits = top == labels[:, None]
-            correct1 += int(hits[:, 0].sum())
-            correct5 += int(hits.any(dim=-1).sum())
-            loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
-            count += len(labels)
+            if metrics is None:
+                classes = logits.shape[-1]
+                metrics = MetricCollection({f"acc{k}": MulticlassAccuracy(classes, top_k=min(k, classes),
+                                                                          average="micro") for k in (1, 5)}).to(device)
+            metrics.update(logits, labels)
+            loss.update(F.cross_entropy(logits, labels, reduction="none"))
     finally:
         model.train(was_training)
-    if count == 0:
+    if metrics is None:
         raise ValueError("the dataloader yielded no images")
-    return {"acc1": correct1 / count, "acc5": correct5 / count, "loss": loss_sum / count, "num_images": count}
+    counted = int(loss.weight)
+    return {**{k: float(v) for k, v in metrics.compute().items()}, "loss": float(loss.compute()), "num_images": counted}
