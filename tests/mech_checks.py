@@ -1,5 +1,6 @@
 """Checks shared by the tests of single mechanisms (tests/test_mech_*.py): a tiny module, gradcheck, and
 the mechanism inside both backbones at twice the training resolution against a float64 reference."""
+import io
 import math
 
 import pytest
@@ -78,3 +79,22 @@ def check_double_resolution(spec, reference, prepare=None):
             assert layer.token_grid == (2 * built[0], 2 * built[1]), name
             expected = module_out(layer, reference(layer, *module_qkv(layer, x)))
             torch.testing.assert_close(out, expected, rtol=1e-7, atol=1e-9, msg=name)
+
+
+def check_onnx_at_another_size(spec, prepare):
+    """A one-block ViT with ``spec`` (``prepare`` called on its attention layer, to set parameters that start at 0),
+    exported by the legacy ONNX exporter at 32 x 48 px (another grid than its 32 x 32 build): onnxruntime gives its
+    eager logits."""
+    ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras")
+    torch.manual_seed(0)
+    model = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
+                                num_heads=2, num_classes=5).eval()
+    for layer in model.modules():
+        if isinstance(layer, ZooAttention):
+            prepare(layer)
+    x = torch.randn(2, 3, 32, 48)
+    buf = io.BytesIO()
+    torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], output_names=["y"])
+    got = ort.InferenceSession(buf.getvalue()).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(x), rtol=1e-4, atol=1e-4)

@@ -1,16 +1,14 @@
 """focused_linear (FLatten) against a float64 transcription of the official FocusedLinearAttention: focusing
 norms over the whole token, +1e-6 after the ReLU, the learned key position encoding, the mean-based denominator."""
-import io
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-import vitzoo
 from attention_reference import dwc_ref, module_out, module_qkv, single_thread  # noqa: F401
-from mech_checks import assert_one_line_error, build, check_double_resolution, gradcheck_module
+from mech_checks import (assert_one_line_error, build, check_double_resolution, check_onnx_at_another_size,
+                         gradcheck_module)
 from vitzoo.attention import build_attention
-from vitzoo.attention.focused_linear import FocusedLinearAttention, focus
+from vitzoo.attention.focused_linear import focus
 
 
 def pos_ref(layer, n):
@@ -136,19 +134,7 @@ def test_a_state_dict_from_another_grid_is_resampled_on_load():
 
 
 def test_legacy_onnx_export_at_another_size_keeps_the_position_encoding():
-    ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras")
-    torch.manual_seed(0)
-    model = vitzoo.create_model("vit_tiny", attention="focused_linear", img_size=32, patch_size=8, embed_dim=32,
-                                depth=1, num_heads=2, num_classes=5).eval()
-    for layer in model.modules():
-        if isinstance(layer, FocusedLinearAttention):
-            randomised(layer)
-    x = torch.randn(2, 3, 32, 48)
-    buf = io.BytesIO()
-    torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], output_names=["y"])
-    got = ort.InferenceSession(buf.getvalue()).run(None, {"x": x.numpy()})[0]
-    with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(got), model(x), rtol=1e-4, atol=1e-4)
+    check_onnx_at_another_size("focused_linear", randomised)
 
 
 @pytest.mark.parametrize("spec, kwargs, fix", [

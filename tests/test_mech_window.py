@@ -10,7 +10,7 @@ from vitzoo.attention.window import WindowAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import assert_one_line_error, gradcheck_module
+from mech_checks import assert_one_line_error, check_onnx_at_another_size, gradcheck_module
 
 DIM, HEADS, GRID = 8, 2, (5, 7)  # non-square, divisible by neither window side
 
@@ -46,6 +46,23 @@ def swin_keep(grid, w, shifted, prefix):
     return full
 
 
+def swin_bias(table, grid, w, shifted, prefix):
+    """(H, N, N) float64: Swin's relative position bias B[(dy + w - 1)(2w - 1) + dx + w - 1] of two patch tokens,
+    dy, dx their offsets in the rolled frame where they share a window (entries elsewhere are masked); 0 for the
+    prefix rows and columns."""
+    rolled = []
+    for g in grid:
+        ww = min(w, g)
+        s = ww // 2 if shifted and g > ww else 0
+        rolled.append((torch.arange(g) - s) % (-(-g // ww) * ww))
+    rows = rolled[0][:, None].expand(grid).flatten()
+    cols = rolled[1][None, :].expand(grid).flatten()
+    dy = (rows[:, None] - rows[None, :]).clamp(-(w - 1), w - 1)
+    dx = (cols[:, None] - cols[None, :]).clamp(-(w - 1), w - 1)
+    bias = table.detach().double()[(dy + w - 1) * (2 * w - 1) + dx + w - 1].permute(2, 0, 1)
+    return torch.nn.functional.pad(bias, (prefix, 0, prefix, 0))
+
+
 def tokens(prefix=1, grid=GRID, batch=2):
     return torch.randn(batch, prefix + grid[0] * grid[1], DIM, dtype=torch.float64)
 
@@ -57,6 +74,23 @@ def test_output_and_matrix_are_softmax_over_the_swin_partition(prefix, shifted):
     x = tokens(prefix)
     q, k, v = module_qkv(m, x)
     out, attn = softmax_ref(q, k, v, mask=swin_keep(GRID, 3, shifted, prefix))
+    torch.testing.assert_close(m(x), module_out(m, out), rtol=1e-10, atol=1e-10)
+    index = torch.arange(x.shape[1])
+    torch.testing.assert_close(m.probs(x, *m.project(x)[:2], None, False, index), attn, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("grid, w", [(GRID, 3), ((2, 7), 3)], ids=["5x7", "clipped-2x7"])
+@pytest.mark.parametrize("shifted", [False, True])
+def test_the_relative_position_bias_is_swins(shifted, grid, w):
+    """rel_pos: Swin's table indexed by the offsets within the rolled window, on the logits; the module's output
+    and implied matrix against softmax with that bias over the Swin partition (an axis shorter than w keeps the
+    table of w)."""
+    m = build({"window_size": w, "rel_pos": True}, grid=grid, shifted=shifted)
+    x = tokens(grid=grid)
+    q, k, v = module_qkv(m, x)
+    keep = swin_keep(grid, w, shifted, 1)
+    mask = torch.where(keep, swin_bias(m.rel_table, grid, w, shifted, 1), -math.inf)
+    out, attn = softmax_ref(q, k, v, mask=mask)
     torch.testing.assert_close(m(x), module_out(m, out), rtol=1e-10, atol=1e-10)
     index = torch.arange(x.shape[1])
     torch.testing.assert_close(m.probs(x, *m.project(x)[:2], None, False, index), attn, rtol=1e-10, atol=1e-12)
@@ -94,8 +128,12 @@ def test_log_n_scale_counts_the_keys_each_query_attends():
     assert keep.sum(-1).max() == x.shape[1] and keep.sum(-1)[1:].max() == 10  # class row global, windows full
 
 
+def test_relative_position_bias_through_the_legacy_onnx_exporter():
+    check_onnx_at_another_size({"name": "window", "window_size": 3, "rel_pos": True}, lambda layer: None)
+
+
 def test_gradcheck():
-    m = build({"window_size": 2, "heads": "projected", "head_dim": 3}, grid=(3, 3), shifted=True)
+    m = build({"window_size": 2, "heads": "projected", "head_dim": 3, "rel_pos": True}, grid=(3, 3), shifted=True)
     x = tokens(grid=(3, 3), batch=1).requires_grad_()
     assert gradcheck_module(m, x)
 
@@ -104,6 +142,7 @@ def test_gradcheck():
     ({"window_size": 0}, "window_size must be a positive integer"),
     ({"window_size": 2.5}, "window_size must be a positive integer"),
     ({"scale": "log"}, "log_n"),
+    ({"rel_pos": "yes"}, "true or false"),
     ({"scale": "log_n", "grid_size": None}, "inside a vitzoo model or pass grid_size"),
 ])
 def test_bad_options_are_one_line_naming_the_fix(option, fix):

@@ -119,8 +119,8 @@ class AgentBias(GridModule):
         h, w = grid
         to_tokens = (_resize_grid(AF.acc(self.an), grid) + _resize(AF.acc(self.ah), -1, h)[..., None]
                      + _resize(AF.acc(self.aw), -1, w)[..., None, :]).flatten(-2)
-        to_agents = (_resize_grid(AF.acc(self.na), grid).flatten(-2).transpose(-2, -1)
-                     + (_resize(AF.acc(self.ha), 1, h)[:, :, None] + _resize(AF.acc(self.wa), 1, w)[:, None]).flatten(1, 2))
+        rows_cols = _resize(AF.acc(self.ha), 1, h)[:, :, None] + _resize(AF.acc(self.wa), 1, w)[:, None]
+        to_agents = _resize_grid(AF.acc(self.na), grid).flatten(-2).transpose(-2, -1) + rows_cols.flatten(1, 2)
         agent_bias = self._agents(torch.cat([AF.acc(self.ac), to_tokens], dim=-1), 1, agents)
         query_bias = self._agents(torch.cat([AF.acc(self.ca), to_agents], dim=1), 2, agents)
         return query_bias, agent_bias

@@ -9,13 +9,14 @@ import math
 from typing import NamedTuple, Optional, Tuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
 
-__all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs"]
+__all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs", "relative_index"]
 
 Grid = Tuple[int, int]
 
@@ -68,12 +69,35 @@ def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Window
     return Windows(tuple(grid), tuple(sizes), tuple(pads))
 
 
+def relative_index(rows: torch.Tensor, cols: torch.Tensor, window_size: int) -> torch.Tensor:
+    """Swin's relative-position index of every pair of tokens at (rows, cols): (dy + w - 1) (2w - 1) + dx + w - 1,
+    clamped into the table (pairs farther apart than a window are never attended)."""
+    span, reach = 2 * window_size - 1, window_size - 1
+    dy = (rows[:, None] - rows[None, :]).clamp(-reach, reach)
+    dx = (cols[:, None] - cols[None, :]).clamp(-reach, reach)
+    return (dy + reach) * span + dx + reach
+
+
+def _grid_coords(size: Grid, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) of each token of an h x w grid, row-major."""
+    rows = torch.arange(size[0], device=device)[:, None].expand(size).flatten()
+    return rows, torch.arange(size[1], device=device)[None, :].expand(size).flatten()
+
+
+def _relative_bias(table: torch.Tensor, size: Grid, window_size: int, num_prefix: int, like: torch.Tensor):
+    """(H, L, L + P): the table's entry of each pair of an h x w window's tokens, 0 for the prefix keys."""
+    bias = table[relative_index(*_grid_coords(size, like.device), window_size)].permute(2, 0, 1).to(like.dtype)
+    return F.pad(bias, (0, num_prefix))
+
+
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, window_size: int = 7,
                      shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None,
-                     logit_noise: float = 0.0, dropout_p: float = 0.0) -> torch.Tensor:
+                     logit_noise: float = 0.0, dropout_p: float = 0.0,
+                     rel_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Patch queries: softmax over their window's keys and the prefix keys; prefix queries: over all keys.
 
     O(n (w^2 + P) d) time. ``train_keys``: None for 1/sqrt(d), else the log-n scale's reference count.
+    ``rel_table``: Swin's relative position bias table ((2w - 1)^2, H) on the window logits, or None.
     """
     P = num_prefix
     layout = window_layout(grid, window_size, shifted)
@@ -86,8 +110,12 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Gr
         keep = torch.cat([keep, keep.new_ones(nw, P)], dim=-1)
     scale = AF.query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
     heads, windows = qw.shape[1:3]  # (B, H, windows, ...) as 4-D (B, H * windows, ...): what the ONNX SDPA takes
+    mask = keep[:, None].repeat(heads, 1, 1)
+    if rel_table is not None:
+        bias = _relative_bias(rel_table, layout.size, window_size, P, q)[:, None]  # (H, 1, L, S)
+        mask = torch.where(keep[None, :, None, :], bias, float("-inf")).flatten(0, 1)
     mixed = AF.softmax_attention((qw * scale).flatten(1, 2), kw.flatten(1, 2), vw.flatten(1, 2), 1.0, logit_noise,
-                                 keep[:, None].repeat(heads, 1, 1), dropout_p=dropout_p)
+                                 mask, dropout_p=dropout_p)
     out = layout.merge(mixed.unflatten(1, (heads, windows)))
     if not P:
         return out
@@ -97,29 +125,35 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Gr
 
 
 def window_probs(q: torch.Tensor, k: torch.Tensor, grid: Grid, query_index: torch.Tensor, window_size: int = 7,
-                 shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None) -> torch.Tensor:
+                 shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None,
+                 rel_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The implied n x n matrix (rows ``query_index``): zero outside each query's window and the prefix."""
     ids = window_layout(grid, window_size, shifted).index(q.device)
     ids = torch.cat([ids.new_full((num_prefix,), -1), ids])
     keep = (ids[:, None] == ids[None, :]) | (ids[:, None] < 0) | (ids[None, :] < 0)
-    keep = keep[query_index]
+    mask = keep
+    if rel_table is not None:
+        bias = F.pad(_relative_bias(rel_table, grid, window_size, 0, AF.acc(q)), (num_prefix, 0, num_prefix, 0))
+        mask = torch.where(keep, bias, float("-inf"))
+    keep, mask = keep[query_index], mask[..., query_index, :]
     scale = AF.query_scale(q, keep.sum(-1, keepdim=True), train_keys)
-    return AF.softmax_probs(q[:, :, query_index] * scale, k, 1.0, keep)
+    return AF.softmax_probs(q[:, :, query_index] * scale, k, 1.0, mask)
 
 
 @register_attention("window")
 class WindowAttention(ZooAttention):
     """Softmax within ``window_size`` windows; with ``shift``, odd blocks (``block_index``) use shifted windows.
 
-    Prefix tokens attend every token and every token attends them. ``scale: log_n`` counts the keys
-    each query attends (window keys + prefix); its reference is a full window at the build grid.
+    Prefix tokens attend every token and every token attends them. ``rel_pos``: Swin's learned relative position
+    bias per head on the window logits (prefix keys get none). ``scale: log_n`` counts the keys each query attends
+    (window keys + prefix); its reference is a full window at the build grid.
     """
 
     no_mask = no_causal = ("its mask is the window partition; use attention='softmax' for masked or causal "
                            "inputs")
 
     def __init__(self, dim: int, num_heads: int = 8, *args, window_size: int = 7, shift: bool = True,
-                 scale: str = "sqrt_d", **kwargs):
+                 rel_pos: bool = False, scale: str = "sqrt_d", **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
         if int(window_size) != window_size or window_size < 1:
             raise ValueError(f"window_size must be a positive integer (tokens per window side), got {window_size!r}")
@@ -131,6 +165,13 @@ class WindowAttention(ZooAttention):
         if scale == "log_n":
             self.train_keys = self.num_prefix_tokens + math.prod(window_layout(self.grid_size, self.window_size).size)
         AF.check_scale(scale, self.train_keys)
+        if not isinstance(rel_pos, bool):
+            raise ValueError(f"window rel_pos={rel_pos!r}; give true or false")
+        self.rel_table = None
+        if rel_pos:
+            self.rel_table = nn.Parameter(torch.empty((2 * self.window_size - 1) ** 2, num_heads,
+                                                      device=kwargs.get("device"), dtype=kwargs.get("dtype")))
+            nn.init.trunc_normal_(self.rel_table, std=0.02)
 
     @property
     def shifted(self) -> bool:
@@ -139,7 +180,7 @@ class WindowAttention(ZooAttention):
 
     def _options(self, num_tokens: int) -> dict:
         return dict(grid=self.current_grid(num_tokens), window_size=self.window_size, shifted=self.shifted,
-                    num_prefix=self.num_prefix_tokens, train_keys=self.train_keys)
+                    num_prefix=self.num_prefix_tokens, train_keys=self.train_keys, rel_table=self.rel_table)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         return window_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p,
@@ -149,4 +190,5 @@ class WindowAttention(ZooAttention):
         return window_probs(q, k, query_index=query_index, **self._options(q.shape[-2]))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", window_size={self.window_size}, shift={self.shift}, scale={self.scale_mode}"
+        return (super().extra_repr() + f", window_size={self.window_size}, shift={self.shift}, "
+                f"rel_pos={self.rel_table is not None}, scale={self.scale_mode}")
