@@ -137,3 +137,15 @@ def test_the_imagenet_recipe_composes_with_shards_and_says_what_it_cannot_apply(
         dm = instantiate(cfg.data)
     assert isinstance(dm, ShardsDataModule) and dm.recipe == "deit" and dm.num_classes == 3
     assert "data.repeated_aug=3 is not applied by data=shards" in caplog.text
+
+
+def test_loader_benchmark_times_both_paths_and_compares_sizes(tmp_path, capsys):
+    from loader_throughput import main as benchmark
+
+    benchmark(["--work", str(tmp_path), "--images", "24", "--classes", "3", "--measure", "8", "--batch-size", "4",
+               "--workers", "0", "--rounds", "1", "--out", str(tmp_path / "table")])
+    rows = (tmp_path / "table.csv").read_text().splitlines()
+    assert rows[0] == "path,workers,images_per_s,vs_imagefolder" and [r.split(",")[:2] for r in rows[1:]] == \
+        [["imagefolder", "0"], ["shards", "0"]]
+    assert float(rows[1].split(",")[3]) == 1.0 and float(rows[2].split(",")[2]) > 0
+    assert "shard folder" in (tmp_path / "table.txt").read_text() and "vs folder" in capsys.readouterr().out
