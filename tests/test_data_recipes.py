@@ -116,6 +116,7 @@ def test_source_pretrained_cfg_is_the_weights_own():
     model = ImageClassifier("vit_tiny", "softmax", num_classes=10, img_size=32).model
     assert source_pretrained_cfg("timm:deit_tiny_patch16_224.fb_in1k", model)["crop_pct"] == 0.9
     assert source_pretrained_cfg(None, model) == dict(model.pretrained_cfg)
+    assert source_pretrained_cfg("timm:no_such_model.tag", model) == dict(model.pretrained_cfg)
 
 
 def test_recipe_options_are_checked():

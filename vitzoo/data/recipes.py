@@ -150,8 +150,9 @@ def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[
 def source_pretrained_cfg(init_from: Optional[str], model: torch.nn.Module) -> Mapping[str, Any]:
     """The ``pretrained_cfg`` describing a run's inputs: timm's for ``init_from=timm:<name>``, the export's for an
     export folder, else the model's own."""
-    if init_from and str(init_from).startswith("timm:"):
-        return get_pretrained_cfg(str(init_from)[len("timm:"):]).to_dict()
+    timm_cfg = get_pretrained_cfg(str(init_from)[len("timm:"):]) if str(init_from).startswith("timm:") else None
+    if timm_cfg is not None:
+        return timm_cfg.to_dict()
     config = Path(str(init_from)) / "config.json" if init_from else None
     if config is not None and config.is_file():
         return json.loads(config.read_text()).get("pretrained_cfg") or {}
