@@ -107,7 +107,7 @@ def kernel_headline(folder: Path) -> str:
     for m in ("softmax_flash", "fla_chunk"):
         if (m, "fwd+bwd") in cell:
             ratio = float(cell[(m, "fwd+bwd")]["ms"]) / float(cell[(fused, "fwd+bwd")]["ms"])
-            parts.append(f"{m} fwd+bwd {ratio:.2f}x its time")
+            parts.append(f"{m} fwd+bwd {ratio:.2f}x the fused path's time")
     acc = list(folder.glob("*_accuracy.csv"))
     if acc:
         arows = list(csv.DictReader(open(acc[0])))
@@ -127,5 +127,8 @@ def end_to_end(ctx: Context) -> Outcome:
     step = ctx.steps.run("c-e2e", [ctx.python, "benchmarks/attention.py", "--e2e-only", *size, "--out", out],
                          stdout=out / "table.txt")
     table = out / "table.txt"
-    lines = [_last_match(table, pattern) for pattern in (r"^inference: ", r"^train: ", r"compiled \(")]
-    return Outcome([step], "; ".join(line.strip("| ") for line in lines if line) or step.status)
+    lines = [_last_match(table, pattern) for pattern in (r"^inference: ", r"^train: ")]
+    compiled = _last_match(table, r"compiled \(").strip("| ").split(" | ")  # mode | model | img/s | peak
+    if len(compiled) > 2:
+        lines.append(f"{compiled[1]}: {compiled[2]} img/s")
+    return Outcome([step], "; ".join(line for line in lines if line) or step.status)
