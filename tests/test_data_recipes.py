@@ -1,6 +1,7 @@
 """The deit recipe (timm's transforms), repeated augmentation, and the LR scaling rule of experiment=imagenet_deit."""
 from __future__ import annotations
 
+import math
 import random
 
 import lightning as L
@@ -15,7 +16,7 @@ from conftest import compose_config, write_image_folder
 from vitzoo.data import ImageFolderDataModule, SyntheticDataModule
 from vitzoo.data.recipes import DEIT_AUG, build_recipe, source_pretrained_cfg
 from vitzoo.data.sampling import EpochSampler, RepeatAugEpochSampler
-from vitzoo.training import ImageClassifier, build_run, scaled_lr
+from vitzoo.training import ImageClassifier, build_run, scaled_lr, train
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -189,3 +190,15 @@ def test_imagenet_deit_experiment_builds_the_recipe(tmp_path):
     datamodule.setup("fit")
     assert "RandAugment" in repr(datamodule.train_dataset.transform)
     assert datamodule.train_dataset[(0, 0)][0].shape == datamodule.val_dataset[0][0].shape == (3, 32, 32)
+
+
+@pytest.mark.slow
+def test_imagenet_deit_trains_on_the_cpu(tmp_path):
+    """The whole recipe, shrunk: DeiT transforms, mixup / cutmix, the scaled LR, one CPU process."""
+    root = write_image_folder(tmp_path / "data", per_class=8, size=(40, 30), suffix=".jpg")
+    metrics = train(compose_config(tmp_path / "run", [
+        "experiment=imagenet_deit", f"data.root={root}", "data.img_size=32", "data.val_fraction=0.25",
+        "data.batch_size=4", "data.num_workers=0", "model=vit_softmax", "+model.kwargs.depth=1", "debug=quiet",
+        "trainer.strategy=auto", "trainer.devices=1", "trainer.precision=32-true", "trainer.max_epochs=1",
+        "callbacks.export_best=null"]))
+    assert metrics["global_step"] == 3 and math.isfinite(metrics["train/loss_epoch"]), metrics
