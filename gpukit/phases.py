@@ -31,7 +31,9 @@ class Outcome:
     notes: str = ""
 
 
-PYTEST = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--continue-on-collection-errors"]
+# -v: a line per test as it ends, so a run stopped at its deadline still tells what passed
+PYTEST = ["-m", "pytest", "-p", "no:cacheprovider", "-v", "-rfE", "--continue-on-collection-errors"]
+CUDA_WORKERS = ["-n", "8", "--dist", "load"]  # Triton compiles each kernel variant once per process: spread them
 # the CPU-side tests of the kernels, attention and export, run there under the image's torch
 CPU_SIDE = ["tests/test_kernels.py", "tests/test_attention_functional.py", "tests/test_attention_modules.py",
             "tests/test_export.py"]
@@ -52,14 +54,24 @@ def tests(ctx: Context) -> Outcome:
                                                  "tests/test_kernels_cuda.py"])]
         steps.append(Step("a-pytest-cpu-side", None, 0.0, None, skipped="rehearsal: CI runs these tests"))
     else:
-        steps = [ctx.steps.run("a-pytest-cuda", [py, *PYTEST, "-n", "0", "-m", "cuda", "tests/"],
+        steps = [ctx.steps.run("a-pytest-cuda", [py, *PYTEST, *CUDA_WORKERS, "-m", "cuda", "tests/"],
                                cap=0.7 * ctx.steps.left())]
         steps.append(ctx.steps.run("a-pytest-cpu-side", [py, *PYTEST, "-n", "4", "-m", "not slow", *CPU_SIDE]))
-    pattern = r"\d+ (passed|failed|skipped|error|deselected)"
-    headline = "; ".join(f"{s.name[2:]}: {_last_match(s.log, pattern) or s.status}" for s in steps)
+    headline = "; ".join(f"{s.name[2:]}: {pytest_result(s)}" for s in steps)
     failures = [line for s in steps if s.log for line in s.log.read_text(errors="replace").splitlines()
-                if line.startswith(("FAILED", "ERROR"))]
-    return Outcome(steps, headline, "\n".join(failures[:40]))
+                if re.search(r"(^|\s)(FAILED|ERROR)(\s|$)", line)]
+    return Outcome(steps, headline, "\n".join(dict.fromkeys(failures[:80])))
+
+
+def pytest_result(step: Step) -> str:
+    """pytest's closing line, or (stopped before it) the count of tests reported so far."""
+    closing = _last_match(step.log, r"\d+ (passed|failed|skipped|error|deselected)")
+    if closing or step.log is None:
+        return closing or step.status
+    text = step.log.read_text(errors="replace")
+    counts = ", ".join(f"{len(re.findall(rf' {word}( |$)', text, re.M))} {word.lower()}"
+                       for word in ("PASSED", "FAILED", "SKIPPED", "ERROR"))
+    return f"{step.status} after {counts}"
 
 
 # (tag, batch, heads, dtype): B*H = 32 and 64, bf16 and fp32, in order of value

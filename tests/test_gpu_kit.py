@@ -18,8 +18,8 @@ from conftest import ROOT, run_python
 from gpukit import run as kit_run
 from gpukit import wheels as W
 from gpukit.imports import imported, run_imports, unmet
-from gpukit.phases import KERNEL_RUNS
-from gpukit.steps import Steps
+from gpukit.phases import KERNEL_RUNS, pytest_result
+from gpukit.steps import Step, Steps
 from gpukit.zoo import epochs
 
 
@@ -179,3 +179,12 @@ def test_merge_writes_the_cuda_docs_from_a_run_archive(tmp_path):
         tar.add(results, arcname="results")
     refused = run_python("-m", "gpukit", "merge", archive, "--docs", tmp_path / "docs")
     assert refused.returncode == 1 and "rehearsal" in refused.stderr
+
+
+def test_pytest_result_reads_the_closing_line_or_counts_what_a_stopped_run_reported(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("tests/a.py::t1 PASSED [ 10%]\n[gw0] [ 20%] PASSED tests/a.py::t2\n"
+                   "[gw1] [ 30%] FAILED tests/a.py::t3\n\n[gpukit] stopped at its deadline after 84 s\n")
+    assert pytest_result(Step("a", None, 84.0, log)) == "timed out after 2 passed, 1 failed, 0 skipped, 0 error"
+    log.write_text("...\n===== 3 passed, 1 skipped in 2.00s =====\n")
+    assert pytest_result(Step("a", 0, 3.0, log)) == "===== 3 passed, 1 skipped in 2.00s ====="
