@@ -150,7 +150,7 @@ def check_paths(cfg: DictConfig, files: Sequence[str] = (), inputs: Sequence[str
     data = cfg.get("data")
     if data is not None and "root" in data and not data.get("download", False):
         root = _required(data, "root")
-        if root is not None and not os.path.isdir(root):
+        if root is not None and "://" not in str(root) and not os.path.isdir(root):  # URL: data=shards' storage
             sys.exit(f"error: data.root={root!r} is not a folder; pass data.root=<the folder that holds the images>")
 
 

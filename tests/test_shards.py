@@ -149,3 +149,11 @@ def test_loader_benchmark_times_both_paths_and_compares_sizes(tmp_path, capsys):
         [["imagefolder", "0"], ["shards", "0"]]
     assert float(rows[1].split(",")[3]) == 1.0 and float(rows[2].split(",")[2]) > 0
     assert "shard folder" in (tmp_path / "table.txt").read_text() and "vs folder" in capsys.readouterr().out
+
+
+def test_a_url_root_passes_the_entry_points_path_check(tmp_path):
+    from launch import check_paths
+
+    check_paths(compose_config(tmp_path, ["data=shards", "data.root=s3://bucket/imagenet-shards"]))
+    with pytest.raises(SystemExit, match="data.root='/no/such/folder' is not a folder"):
+        check_paths(compose_config(tmp_path, ["data=shards", "data.root=/no/such/folder"]))
