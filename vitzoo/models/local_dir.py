@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Union
 import timm
 from safetensors import SafetensorError, safe_open
 
-from vitzoo.attention import resolve_attention
+from vitzoo.attention.stack import check_attention
 
 __all__ = ["check_export", "verify_local_dir", "file_sha256", "WEIGHTS_NAME", "CONFIG_NAME", "REEXPORT_HINT"]
 
@@ -49,7 +49,7 @@ def check_export(export_dir: Union[str, Path]) -> Dict[str, Any]:
     spec = cfg.get("model_args", {}).get("attention")
     if spec is not None:
         try:
-            resolve_attention(spec)
+            check_attention(spec)
         except ValueError as e:
             raise ValueError(f"{cfg_file}: {e} (edit model_args.attention, or upgrade vitzoo to a version "
                              f"that has it)") from None

@@ -11,6 +11,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from vitzoo.attention import AttentionSpec, resolve_attention
+from vitzoo.attention.stack import block_specs
 from vitzoo.attention.base import share_grid
 from .local_dir import verify_local_dir
 
@@ -49,7 +50,8 @@ class NonLocalResNet(ResNet):
 
     ``nonlocal_stages`` are 1-based stage numbers (``layer1``..``layer4``); each gets
     ``nonlocal_per_stage`` blocks spread over its residual blocks (the last always included).
-    ``cifar_stem`` swaps the 7x7/2 stem and max-pool for one 3x3/1 conv (32x32 inputs).
+    ``cifar_stem`` swaps the 7x7/2 stem and max-pool for one 3x3/1 conv (32x32 inputs). ``attention`` is one spec
+    or a stack (``vitzoo.attention.stack``) over the non-local blocks in order.
     """
 
     def __init__(self, *args, attention: AttentionSpec = "softmax", nonlocal_stages: Sequence[int] = (2, 3),
@@ -66,6 +68,7 @@ class NonLocalResNet(ResNet):
         if bad:
             raise ValueError(f"nonlocal_stages {bad} out of range; stages are 1..4 (layer1..layer4)")
         img = to_2tuple(img_size)
+        specs = iter(block_specs(attention, len(nonlocal_stages) * nonlocal_per_stage))
         for stage in nonlocal_stages:
             layer = getattr(self, f"layer{stage}")
             info = self.feature_info[stage]
@@ -75,7 +78,7 @@ class NonLocalResNet(ResNet):
             for i, block in enumerate(layer):
                 blocks.append(block)
                 if i in after:
-                    blocks.append(NonLocalBlock(info["num_chs"], attention, nonlocal_reduction, nonlocal_heads, grid))
+                    blocks.append(NonLocalBlock(info["num_chs"], next(specs), nonlocal_reduction, nonlocal_heads, grid))
             setattr(self, f"layer{stage}", nn.Sequential(*blocks))
 
 

@@ -6,10 +6,11 @@ from typing import Tuple
 import torch.fx
 from timm.layers import to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from timm.models.vision_transformer import Block, VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
 from vitzoo.attention.base import share_grid
+from vitzoo.attention.stack import block_specs, is_stack, per_block
 from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX exporter lacks)
 from .local_dir import verify_local_dir
 
@@ -56,12 +57,16 @@ def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec
     prefix = (1 if kwargs.get("class_token", True) else 0) + kwargs.get("reg_tokens", 0)
     context = dict(num_tokens=prefix + grid[0] * grid[1], num_prefix_tokens=prefix, grid_size=grid)
     kwargs.setdefault("dynamic_img_size", True)
-    out_indices = kwargs.pop("out_indices", default_feature_levels(kwargs.get("depth", 12)))
+    depth = kwargs.get("depth", 12)
+    out_indices = kwargs.pop("out_indices", default_feature_levels(depth))
+    if is_stack(attention):  # a mechanism per block: block i gets its own attn_layer
+        layers = [attention_layer(spec, **context) for spec in block_specs(attention, depth)]
+        kwargs["block_fn"] = per_block(kwargs.get("block_fn", Block), layers)
     return build_model_with_cfg(
         ZooVisionTransformer, variant, pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        attn_layer=attention_layer(attention, **context),
+        attn_layer=attention_layer(attention if not is_stack(attention) else "softmax", **context),
         **kwargs,
     )
 

@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Subset
 
+from vitzoo.attention.stack import describe
 from vitzoo.training import load_classifier, run_record
 from vitzoo.utils import instantiate_config, write_json
 
@@ -51,7 +52,7 @@ def checkpoint_entries(spec: Any) -> List[Entry]:
 def derive_labels(entries: List[Entry], hparams: List[dict]) -> List[str]:
     """Labels for unlabelled entries: the attention name (with the architecture when the architectures
     differ), then the run directory where that is ambiguous, then a number."""
-    names = [h["attention"] if isinstance(h["attention"], str) else h["attention"]["name"] for h in hparams]
+    names = [describe(h["attention"]) for h in hparams]
     if len({h["arch"] for h in hparams}) > 1:
         names = [f"{h['arch']}/{n}" for h, n in zip(hparams, names)]
     runs = [Path(p).parent.parent.name if Path(p).parent.name == "checkpoints" else Path(p).stem for _, p in entries]

@@ -17,6 +17,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichProgressBar
 
+from vitzoo.attention.stack import describe
+
 __all__ = ["EpochLog", "ThrottledProgressBar", "console_is_terminal", "opening_line", "closing_summary"]
 
 log = logging.getLogger(__name__)
@@ -168,7 +170,7 @@ def opening_line(run_dir: Path, module: L.LightningModule, checkpoint: Optional[
     what = module.hparams.get("arch", type(module).__name__)
     attention = module.hparams.get("attention")
     if attention is not None:
-        what += f" ({attention if isinstance(attention, str) else attention.get('name')} attention)"
+        what += f" ({describe(attention)} attention)"
     line = (f"run directory {run_dir.resolve()}: {what}, {params / 1e6:.2f}M parameters, {threads} CPU thread(s), "
             f"seed {seed}")
     if checkpoint is not None:

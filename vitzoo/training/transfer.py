@@ -22,13 +22,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitzoo.attention import ZooAttention
+from vitzoo.attention import SoftmaxAttention, ZooAttention
 from vitzoo.models import initialise_from
 
 from .evaluate import read_checkpoint
 from .module import ImageClassifier, build_model, checked_options
 
-__all__ = ["AttentionTransfer", "TRANSFER_DEFAULTS", "initialise", "attention_layers"]
+__all__ = ["AttentionTransfer", "TRANSFER_DEFAULTS", "initialise", "attention_layers", "converted_blocks"]
 
 TRANSFER_DEFAULTS = dict(stage=1, qk="train", attention_ce=0.0, student=None, distill=0.0, temperature=1.0)
 QK_MODES = ("train", "freeze")
@@ -40,6 +40,14 @@ _SAME_NETWORK = ("arch", "attention", "model_kwargs", "num_classes", "img_size",
 def attention_layers(model: nn.Module) -> List[ZooAttention]:
     """The attention module of every block, in order."""
     return [block.attn for block in model.blocks]
+
+
+def converted_blocks(model: nn.Module) -> List[int]:
+    """The blocks stage 1 teaches: those whose mechanism is not the teacher's softmax (a hybrid stack's softmax blocks
+    keep the teacher's weights), or every block of an all-softmax student (which then reproduces its teacher)."""
+    layers = attention_layers(model)
+    converted = [i for i, attn in enumerate(layers) if not isinstance(attn, SoftmaxAttention)]
+    return converted or list(range(len(layers)))
 
 
 class AttentionTransfer(ImageClassifier):
@@ -57,6 +65,7 @@ class AttentionTransfer(ImageClassifier):
         if not hasattr(self.model, "blocks") or not all(isinstance(a, ZooAttention) for a in attention_layers(self.model)):
             raise ValueError(f"attention transfer needs a ViT (vit_* architectures), got {self.hparams.arch}")
         self.stage = self.transfer["stage"]
+        self.converted = converted_blocks(self.model)
         self.teacher: Optional[nn.Module] = None
         if self.stage == 1 or self.transfer["distill"] > 0:
             self.teacher = build_model({**self.hparams, "attention": "softmax"}).requires_grad_(False)
@@ -121,7 +130,8 @@ class AttentionTransfer(ImageClassifier):
         """requires_grad on the q/k maps (unless ``qk: freeze``) and the mechanism's own parameters only; the
         v rows of a fused input projection learn nothing (put back after every step, see ``optimizer_step``)."""
         self.model.requires_grad_(False)
-        for attn in attention_layers(self.model):
+        layers = attention_layers(self.model)
+        for attn in (layers[i] for i in self.converted):  # softmax blocks of a hybrid stay the teacher's
             own = [p for name, p in attn.named_parameters() if not name.startswith(_SHARED)]
             if self.transfer["qk"] == "freeze" and not own:
                 raise ValueError(f"transfer.qk=freeze: {type(attn).__name__} has no parameters of its own, so nothing "
@@ -157,7 +167,7 @@ class AttentionTransfer(ImageClassifier):
     # -- stage 1: the loss ------------------------------------------------------------------------------------
     def transfer_losses(self, images: torch.Tensor) -> Dict[str, torch.Tensor]:
         """{``block<i>``: MSE between the student's and the teacher's attention output (+ ``attention_ce`` x the
-        row cross-entropy)}, every student layer fed the teacher's input to that layer."""
+        row cross-entropy)} for every converted block, each student layer fed the teacher's input to that layer."""
         teachers, students = attention_layers(self.teacher), attention_layers(self.model)
         seen: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
         hooks = [layer.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, (args[0], out)))
@@ -169,8 +179,8 @@ class AttentionTransfer(ImageClassifier):
             for hook in hooks:
                 hook.remove()
         weight, losses = self.transfer["attention_ce"], {}
-        for i, (student, teacher) in enumerate(zip(students, teachers)):
-            x, target = seen[i]
+        for i in self.converted:
+            (x, target), student, teacher = seen[i], students[i], teachers[i]
             student.token_grid = teacher.token_grid
             loss = F.mse_loss(student(x).float(), target.float())
             if weight > 0:
