@@ -82,7 +82,7 @@ def test_config_is_timm_hub_layout_with_the_full_attention_spec(tmp_path):
     pcfg = cfg["pretrained_cfg"]
     assert pcfg["input_size"] == [3, 32, 32] and pcfg["num_classes"] == 5
     assert pcfg["mean"] == [0.1, 0.2, 0.3] and pcfg["std"] == [0.4, 0.5, 0.6]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
 
 
 def test_no_head_drops_the_classifier(tmp_path):

@@ -125,6 +125,15 @@ class ZooAttention(nn.Module):
         self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.register_load_state_dict_pre_hook(ZooAttention._timm_qkv_names)
+
+    def _timm_qkv_names(self, state_dict: dict, prefix: str, *args) -> None:
+        """Read timm's fused ``qkv`` as ``in_proj.proj`` (the same tensor for split q, k, v heads: a split-head
+        softmax export keeps timm's names so that plain timm loads it)."""
+        if self.heads == "split" and tuple(self.projections) == ("q", "k", "v"):
+            for kind in ("weight", "bias"):
+                if f"{prefix}qkv.{kind}" in state_dict:
+                    state_dict[f"{prefix}in_proj.proj.{kind}"] = state_dict.pop(f"{prefix}qkv.{kind}")
 
     # -- what a mechanism implements -------------------------------------------------------
     def mix(self, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,

@@ -4,10 +4,10 @@
 after ``import vitzoo``, ``timm.create_model('local-dir:OUT', pretrained=True)`` rebuilds the model.
 """
 from .checkpoint import export_checkpoint
-from .hub import CONFIG_NAME, WEIGHTS_NAME, check_export, export_model, load_exported
+from .hub import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, check_export, export_model, load_exported, push_to_hub
 
-__all__ = ["export_checkpoint", "export_model", "load_exported", "check_export", "ExportBestCallback",
-           "WEIGHTS_NAME", "CONFIG_NAME"]
+__all__ = ["export_checkpoint", "export_model", "load_exported", "push_to_hub", "check_export", "ExportBestCallback",
+           "WEIGHTS_NAME", "CONFIG_NAME", "CARD_NAME"]
 
 
 def __getattr__(name):

@@ -15,7 +15,8 @@ __all__ = ["ExportBestCallback"]
 class ExportBestCallback(pl.Callback):
     """At the end of ``fit``, export the ``ModelCheckpoint``'s best (else last) checkpoint.
 
-    ``dirpath`` defaults to ``<trainer.default_root_dir>/export`` (the run directory); ``head=False`` drops the classifier.
+    ``dirpath`` defaults to ``<trainer.default_root_dir>/export`` (the run directory); ``head=False`` drops the
+    classifier.
     The exported path is kept in ``export_dir``.
     """
 

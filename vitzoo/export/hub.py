@@ -10,14 +10,16 @@ from __future__ import annotations
 import copy
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
 import timm
 import torch.nn as nn
-from timm.models import save_for_hf
+from timm.models import push_to_hf_hub, save_for_hf
 
 import vitzoo
+from vitzoo.attention import SoftmaxAttention
 from vitzoo.models.local_dir import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -27,16 +29,25 @@ from vitzoo.models.local_dir import (
 )
 from vitzoo.models.vit import VIT_ARCHS
 
-__all__ = ["export_model", "load_exported", "check_export", "verify_local_dir", "WEIGHTS_NAME", "CONFIG_NAME"]
+from .card import model_card, render_card
+
+__all__ = ["export_model", "load_exported", "push_to_hub", "check_export", "verify_local_dir", "WEIGHTS_NAME",
+           "CONFIG_NAME", "CARD_NAME"]
+
+CARD_NAME = "README.md"
 
 
 def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
-                 data_config: Optional[Mapping[str, Any]] = None) -> Path:
-    """Write ``model`` (built by ``vitzoo.create_model`` / ``timm.create_model``) to ``out_dir``.
+                 data_config: Optional[Mapping[str, Any]] = None, metrics: Optional[Mapping[str, Any]] = None,
+                 data: Optional[str] = None) -> Path:
+    """Write ``model`` (built by ``vitzoo.create_model`` / ``timm.create_model``) to ``out_dir``: weights, config
+    and a model card (README.md).
 
     ``head=False`` drops the classifier (``num_classes=0`` in the config, head weights removed).
     ``data_config`` sets preprocessing for ``pretrained_cfg`` (``input_size``/``img_size``,
-    ``mean``, ``std``, ``interpolation``, ``crop_pct``). The model itself is not modified.
+    ``mean``, ``std``, ``interpolation``, ``crop_pct``); ``metrics`` and ``data`` (what it was trained on) go
+    into the config's ``vitzoo`` entry and the card. Split-head softmax attention keeps timm's ``attn.qkv`` names,
+    so plain timm loads those weights. The model itself is not modified.
     """
     if not getattr(model, "_model_args", None):
         raise ValueError("the model carries no construction arguments; build it with vitzoo.create_model(...) "
@@ -48,14 +59,51 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file; the export is a folder (model.safetensors + config.json): pass a "
                          f"folder path")
-    save_for_hf(model, str(out), model_config={"vitzoo": {"version": vitzoo.__version__}},
-                model_args=_pinned_args(model), safe_serialization=True, data_config=dict(data_config or {}))
+    info = {"version": vitzoo.__version__, **({"data": data} if data else {}),
+            **({"metrics": dict(metrics)} if metrics else {})}
+    with _timm_attention_names(model):
+        save_for_hf(model, str(out), model_config={"vitzoo": info}, model_args=_pinned_args(model),
+                    safe_serialization=True, data_config=dict(data_config or {}))
     weights, config_file = out / WEIGHTS_NAME, out / CONFIG_NAME
     _chmod_like_a_new_file(weights)
     config = json.loads(config_file.read_text())
     config["vitzoo"]["weights_sha256"] = file_sha256(weights)
     config_file.write_text(json.dumps(config, indent=2))
+    (out / CARD_NAME).write_text(render_card(model_card(config, out.resolve().name), out.resolve().name) + "\n")
     return out
+
+
+@contextmanager
+def _timm_attention_names(model: nn.Module) -> Iterator[None]:
+    """While saving: split-head softmax layers give their ``in_proj.proj`` tensors timm's ``qkv`` names (the same
+    tensors; ``ZooAttention`` reads either name back)."""
+    def rename(module, state_dict, prefix, local_metadata):
+        for kind in ("weight", "bias"):
+            if f"{prefix}in_proj.proj.{kind}" in state_dict:
+                state_dict[f"{prefix}qkv.{kind}"] = state_dict.pop(f"{prefix}in_proj.proj.{kind}")
+
+    handles = [m.register_state_dict_post_hook(rename) for m in model.modules()
+               if type(m) is SoftmaxAttention and m.heads == "split"]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def push_to_hub(export_dir: Union[str, Path], repo_id: str, token: Optional[str] = None, private: bool = False,
+                commit_message: str = "Add model") -> Any:
+    """Upload an export to the Hugging Face Hub through timm's ``push_to_hf_hub``: the same weights, config
+    (``vitzoo`` entry included) and model card. Returns the hub's commit info."""
+    config = check_export(export_dir)
+    model = load_exported(export_dir)
+    pre = config.get("pretrained_cfg") or {}
+    data_config = {k: pre[k] for k in ("input_size", "mean", "std", "interpolation", "crop_pct") if k in pre}
+    with _timm_attention_names(model):
+        return push_to_hf_hub(model, repo_id, commit_message=commit_message, token=token, private=private,
+                              model_config={"vitzoo": config["vitzoo"]}, model_args=config.get("model_args"),
+                              model_card=model_card(config, repo_id.split("/")[-1]), safe_serialization=True,
+                              data_config=data_config)
 
 
 def _pinned_args(model: nn.Module) -> Dict[str, Any]:
