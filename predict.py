@@ -1,5 +1,5 @@
 """Segment images with a segmentation checkpoint: ``python predict.py ckpt_path=... input=... output=...``
-(configs/predict.yaml; see the README's segmentation section). In Python: ``vitzoo.segmentation.predict(...)``."""
+(configs/predict.yaml; see docs/segmentation.md). In Python: ``vitzoo.segmentation.predict(...)``."""
 import hydra
 from omegaconf import DictConfig
 
