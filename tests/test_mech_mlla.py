@@ -2,6 +2,11 @@
 and LePE against float64 formulas."""
 import pytest
 import torch
+from hydra.utils import instantiate
+
+import vitzoo
+from conftest import compose_config
+from vitzoo.training import build_classifier
 
 from attention_reference import dwc_ref, module_out, module_qkv, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
@@ -72,3 +77,63 @@ def test_bad_options_are_one_line_naming_the_fix(spec, fix):
 
 def test_at_one_and_a_half_and_twice_the_resolution_in_both_backbones():
     check_resolutions("mlla", reference)
+
+
+# -- MLLA's block (block="mlla") -------------------------------------------------------------------------------
+def block_reference(block, x):
+    """The block from its formula in float64: CPE1, the gated attention branch, CPE2, the MLP; the 3x3 convs over
+    grid tokens only (prefix tokens get no CPE term and skip DWConv); norms, MLP and the attention as modules."""
+    def conv(c, t):
+        return dwc_ref(t.unsqueeze(1), c, block.attn.current_grid(t.shape[1]), block.attn.num_prefix_tokens)[:, 0]
+
+    def linear(m, t):
+        return t @ m.weight.T + m.bias
+
+    prefix = block.attn.num_prefix_tokens
+    x = x + conv(block.cpe1, x)
+    u = block.norm1(x)
+    a = linear(block.in_proj, u)
+    a = torch.cat([a[:, :prefix], conv(block.dwc, a)[:, prefix:]], dim=1)
+    a = block.attn(a * torch.sigmoid(a)) * (lambda g: g * torch.sigmoid(g))(linear(block.act_proj, u))
+    x = x + linear(block.out_proj, a)
+    x = x + conv(block.cpe2, x)
+    return x + block.mlp(block.norm2(x))
+
+
+def mlla_block_vit(attention="mlla", **kwargs):
+    torch.manual_seed(0)
+    return vitzoo.create_model("vit_tiny", attention=attention, block="mlla", img_size=32, patch_size=8, embed_dim=32,
+                               depth=2, num_heads=2, num_classes=3, **kwargs)
+
+
+@pytest.mark.parametrize("px", [32, 48])
+def test_the_mlla_block_is_its_formula_at_two_resolutions(px):
+    model = mlla_block_vit(reg_tokens=1).double().eval()
+    with torch.no_grad():
+        for conv in (b.cpe1 for b in model.blocks):
+            conv.bias.normal_()
+    seen = []
+    hooks = [b.register_forward_hook(lambda m, args, out: seen.append((m, args[0], out))) for b in model.blocks]
+    with torch.no_grad():
+        model(torch.randn(2, 3, px, px, dtype=torch.float64))
+        for h in hooks:
+            h.remove()
+        assert [type(b).__name__ for b in model.blocks] == ["MllaBlock"] * 2 and len(seen) == 2
+        for block, x, out in seen:
+            assert block.attn.token_grid == (px // 8, px // 8) and x.shape[1] == 2 + (px // 8) ** 2
+            torch.testing.assert_close(out, block_reference(block, x), rtol=1e-9, atol=1e-11)
+
+
+def test_the_mlla_block_trains_exports_and_composes_in_hydra(tmp_path):
+    model = mlla_block_vit(["mlla", "softmax"])
+    x = torch.randn(2, 3, 32, 32)
+    model(x).square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x), rtol=1e-5, atol=1e-6)
+    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_mlla", "+model.kwargs.block=mlla"])
+    module = build_classifier(cfg, instantiate(cfg.data))
+    assert type(module.model.blocks[0]).__name__ == "MllaBlock"
+    with pytest.raises(ValueError, match="unknown block='mamba'; choose one of"):
+        vitzoo.create_model("vit_tiny", block="mamba")

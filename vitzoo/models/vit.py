@@ -6,12 +6,13 @@ from typing import Tuple
 import torch.fx
 from timm.layers import to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.vision_transformer import Block, VisionTransformer, checkpoint_filter_fn
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
 from vitzoo.attention.base import share_grid
 from vitzoo.attention.stack import block_specs, is_stack, per_block
 from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX exporter lacks)
+from .blocks import BLOCKS
 from .local_dir import verify_local_dir
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
@@ -26,7 +27,9 @@ class ZooVisionTransformer(VisionTransformer):
 
     Synthesizer grids and the log-n scale need the (h, w) grid when the input size changes
     (``dynamic_img_size``); everything else is timm's, including ``forward_intermediates``.
-    Each attention layer learns its block's index (window attention shifts every second block).
+    Each attention layer learns its block's index (window attention shifts every second block). The builders take
+    ``attention`` (one spec or a hybrid stack, ``vitzoo.attention.stack``) and ``block`` (``timm`` or ``mlla``,
+    ``vitzoo.models.blocks``).
     """
 
     def __init__(self, *args, **kwargs):
@@ -46,7 +49,8 @@ def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
     return tuple(sorted({max(0, round((i + 1) * depth / levels) - 1) for i in range(levels)}))
 
 
-def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs):
+def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", block: str = "timm",
+                **kwargs):
     verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
     img_size = to_2tuple(kwargs.get("img_size", 224))
     patch_size = to_2tuple(kwargs.get("patch_size", 16))
@@ -59,14 +63,18 @@ def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec
     kwargs.setdefault("dynamic_img_size", True)
     depth = kwargs.get("depth", 12)
     out_indices = kwargs.pop("out_indices", default_feature_levels(depth))
+    if block not in BLOCKS:
+        raise ValueError(f"unknown block={block!r}; choose one of {list(BLOCKS)} (train.py: +model.kwargs.block=...)")
+    block_fn = BLOCKS[block]
     if is_stack(attention):  # a mechanism per block: block i gets its own attn_layer
         layers = [attention_layer(spec, **context) for spec in block_specs(attention, depth)]
-        kwargs["block_fn"] = per_block(kwargs.get("block_fn", Block), layers)
+        block_fn = per_block(block_fn, layers)
     return build_model_with_cfg(
         ZooVisionTransformer, variant, pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         attn_layer=attention_layer(attention if not is_stack(attention) else "softmax", **context),
+        block_fn=block_fn,
         **kwargs,
     )
 
