@@ -6,7 +6,7 @@
 are 2-D RoPE of the patch grid in pairs of adjacent channels; prefix (class / register) tokens are not
 rotated. Two angle tables: MLLA's (across all H*d channels before the head split, so each head turns along
 one axis) and RALA's (per head: half the pairs by row, half by column). Positions are integer grid indices
-of the input's own grid, so a larger input extrapolates (docs/mechanisms.md, section 17).
+of the input's own grid, so a larger input extrapolates (docs/mechanisms.md, sections 16 and 17).
 """
 from __future__ import annotations
 
