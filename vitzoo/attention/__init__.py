@@ -28,6 +28,7 @@ from .rala import RalaAttention
 from .registry import (AttentionSpec, attention_layer, attention_options, build_attention, list_attentions,
                        register_attention, resolve_attention)
 from .softmax import SoftmaxAttention
+from .stack import block_specs, describe, is_stack
 from .synthesizer import (SynthDenseAttention, SynthesizerAttention, SynthFactorizedDenseAttention,
                           SynthFactorizedRandomAttention, SynthMixAttention, SynthRandomAttention)
 from .window import WindowAttention
@@ -37,7 +38,7 @@ __all__ = [
     "list_attentions", "resolve_attention", "attention_options", "build_attention", "attention_layer",
     "FeatureMap", "register_feature_map", "list_feature_maps", "build_feature_map", "HedgehogFeatureMap",
     "PerformerFeatureMap", "GridBoundAttention", "GridDepthwiseConv", "DecoupledRopeAttention", "LinearGatedAttention",
-    "SynthesizerAttention",
+    "SynthesizerAttention", "is_stack", "block_specs", "describe",
     # the registered mechanisms
     "AgentAttention", "EfficientAttention", "FocusedLinearAttention", "HydraAttention", "InLineAttention",
     "LinearAttention", "LinformerAttention", "LionAttention", "MllaAttention", "NystromAttention",
