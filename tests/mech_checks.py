@@ -56,25 +56,36 @@ def backward_at_both_resolutions(spec):
             yield model
 
 
+def attention_layers(model):
+    """Every zoo attention layer of ``model``."""
+    return [m for m in model.modules() if isinstance(m, ZooAttention)]
+
+
+def attention_io(model, images):
+    """[(layer, its input, its output)] of every attention layer as ``model`` (3 classes) runs ``images`` without
+    gradients; the logits must be finite and every layer must run."""
+    layers, seen = attention_layers(model), []
+    hooks = [m.register_forward_hook(lambda m, args, out: seen.append((m, args[0], out))) for m in layers]
+    try:
+        with torch.no_grad():
+            logits = model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert logits.shape == (len(images), 3) and torch.isfinite(logits).all()
+    assert len(seen) == len(layers) > 0
+    return seen
+
+
 def check_double_resolution(spec, reference, prepare=None):
     """Both backbones on 64 px inputs (twice their 32 px build): every attention layer sees the doubled grid
     and its output is ``module_out(reference(layer, q, k, v))`` on its recorded input (float64). ``prepare``,
     if given, is called on each attention layer first (to set parameters that start at 0, say)."""
     for name, model in backbones(spec).items():
         model = model.double().eval()
-        seen = []
-        layers = [m for m in model.modules() if isinstance(m, ZooAttention)]
-        for layer in layers if prepare is not None else ():
+        for layer in attention_layers(model) if prepare is not None else ():
             prepare(layer)
-        hooks = [m.register_forward_hook(lambda m, args, out, seen=seen: seen.append((m, args[0], out)))
-                 for m in layers]
-        with torch.no_grad():
-            logits = model(torch.randn(2, 3, 64, 64, dtype=torch.float64))
-        for h in hooks:
-            h.remove()
-        assert logits.shape == (2, 3) and torch.isfinite(logits).all()
-        assert len(seen) == len(layers) > 0
-        for layer, x, out in seen:
+        for layer, x, out in attention_io(model, torch.randn(2, 3, 64, 64, dtype=torch.float64)):
             built = layer.grid_size
             assert layer.token_grid == (2 * built[0], 2 * built[1]), name
             expected = module_out(layer, reference(layer, *module_qkv(layer, x)))

@@ -4,13 +4,8 @@ resolution in both backbones against its float64 reference; fused paths against 
 import torch
 
 import vitzoo
-from vitzoo.attention import ZooAttention
 
-
-def heads(t, num_heads):
-    """(B, N, H*D) -> (B, H, N, D)."""
-    B, N, _ = t.shape
-    return t.reshape(B, N, num_heads, -1).transpose(1, 2)
+from mech_checks import attention_io, attention_layers
 
 
 def merged(t):
@@ -41,11 +36,6 @@ def rotate_complex(x, angles):
     return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
 
 
-def elu1(x):
-    x = x.double()
-    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
-
-
 def row_shares(w):
     """|w| with rows normalised."""
     return w.abs() / w.abs().sum(-1, keepdim=True)
@@ -66,19 +56,10 @@ def check_resolutions(spec, reference, randomise=lambda layer: None, sizes=(32, 
     input's grid and its output is ``reference(layer, x)`` (B, N, C) on its recorded input."""
     for name, model in backbones(spec).items():
         model = model.double().eval()
-        layers = [m for m in model.modules() if isinstance(m, ZooAttention)]
-        for layer in layers:
+        for layer in attention_layers(model):
             randomise(layer)
         for px in sizes:
-            seen = []
-            hooks = [m.register_forward_hook(lambda m, args, out: seen.append((m, args[0], out))) for m in layers]
-            with torch.no_grad():
-                logits = model(torch.randn(2, 3, px, px, dtype=torch.float64))
-            for h in hooks:
-                h.remove()
-            assert logits.shape == (2, 3) and torch.isfinite(logits).all()
-            assert len(seen) == len(layers) > 0
-            for layer, x, out in seen:
+            for layer, x, out in attention_io(model, torch.randn(2, 3, px, px, dtype=torch.float64)):
                 built = layer.grid_size
                 assert layer.token_grid == (built[0] * px // 32, built[1] * px // 32), name
                 torch.testing.assert_close(out, reference(layer, x), rtol=1e-7, atol=1e-9, msg=f"{name} {px}px")

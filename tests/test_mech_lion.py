@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_reference import module_out, module_qkv, single_thread  # noqa: F401
+from attention_reference import module_out, module_qkv, phi, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_fused_equals_eager, check_resolutions, elu1
+from recent_checks import check_fused_equals_eager, check_resolutions
 from vitzoo.attention.lion import lion_chunked, lion_masked
 
 
@@ -33,7 +33,7 @@ def mask_ref(lam):
 
 def features_ref(x, decay):
     if decay == "none":
-        return elu1(x)
+        return phi(x, "elu")
     u = F.silu(x.double()) + 0.5
     return u / u.norm(dim=-1, keepdim=True)
 

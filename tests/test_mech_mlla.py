@@ -8,9 +8,9 @@ import vitzoo
 from conftest import compose_config
 from vitzoo.training import build_classifier
 
-from attention_reference import dwc_ref, module_out, module_qkv, single_thread  # noqa: F401
+from attention_reference import dwc_ref, module_out, module_qkv, phi, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_resolutions, elu1, grid_positions, rotate_complex, row_shares
+from recent_checks import check_resolutions, grid_positions, rotate_complex, row_shares
 
 
 def angles_ref(layer, n):
@@ -27,7 +27,7 @@ def angles_ref(layer, n):
 
 def weights_ref(layer, q, k, eps=1e-6):
     """(R_i phi q_i).(R_j phi k_j) / (phi q_i . sum_j phi k_j + n eps)."""
-    fq, fk = elu1(q), elu1(k)
+    fq, fk = phi(q, "elu"), phi(k, "elu")
     angles = angles_ref(layer, q.shape[-2])
     num = rotate_complex(fq, angles) @ rotate_complex(fk, angles).transpose(-2, -1)
     return num / (fq @ fk.sum(-2).unsqueeze(-1) + k.shape[-2] * eps), num

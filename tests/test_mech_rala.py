@@ -3,9 +3,9 @@ and the linear gate against float64 formulas."""
 import pytest
 import torch
 
-from attention_reference import dwc_ref, module_qkv, single_thread  # noqa: F401
+from attention_reference import dwc_ref, module_qkv, phi, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_resolutions, elu1, gated_out, grid_positions, rotate_complex, row_shares
+from recent_checks import check_resolutions, gated_out, grid_positions, rotate_complex, row_shares
 
 
 def angles_ref(layer, n):
@@ -19,7 +19,7 @@ def angles_ref(layer, n):
 
 def weights_ref(layer, q, k, eps=1e-6):
     """k'_j = n softmax_j(tau qbar.phi k_j) phi k_j; (R_i phi q_i).(R_j k'_j) / (phi q_i . sum_j k'_j + n eps)."""
-    fq, fk = elu1(q), elu1(k)
+    fq, fk = phi(q, "elu"), phi(k, "elu")
     n, tau = k.shape[-2], q.shape[-1] ** -0.5
     logits = tau * (fq.mean(-2, keepdim=True) @ fk.transpose(-2, -1))  # (B, H, 1, n)
     alpha = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True)
