@@ -33,10 +33,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from vitzoo.segmentation import (SegmentationDataModule, SegmentationNet, create_backbone, make_thin_dataset,
-                                 segmentation_scores, sliding_window_probs)
+from vitzoo.segmentation import (SegmentationDataModule, SegmentationNet, create_backbone, segmentation_scores,
+                                 sliding_window_probs)
 from vitzoo.segmentation.losses import SegmentationLoss, balanced_class_weights
-from vitzoo.segmentation.thin import WALL
+from vitzoo.segmentation.thin import WALL, make_thin_dataset
 from vitzoo.training.optim import build_scheduler
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 
 from test_segmentation import QUIET_TRAINER, export_dir  # noqa: F401  (the tiny linear-attention ViT export)
-from vitzoo.segmentation import (SegmentationDataModule, SegmentationModule, load_segmenter, make_thin_dataset,
-                                 predict, sliding_window_probs)
+from vitzoo.segmentation import (SegmentationDataModule, SegmentationModule, load_segmenter, predict,
+                                 sliding_window_probs)
+from vitzoo.segmentation.thin import make_thin_dataset
 
 
 @pytest.fixture(scope="module")

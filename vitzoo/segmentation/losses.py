@@ -46,7 +46,7 @@ class SegmentationLoss(nn.Module):
     """``(logits (B, C, H, W), masks (B, H, W) long) -> scalar``; pixels equal to ``ignore_index`` do not count.
 
     ``ce``: ``F.cross_entropy`` (weights scale each pixel's term by its class); ``dice``, ``focal``,
-    ``lovasz``: smp's multiclass losses (weights scale each class's term); ``ce+dice``: their sum.
+    ``lovasz``: smp's multiclass losses (a weighted mean of the per-class terms); ``ce+dice``: their sum.
     """
 
     def __init__(self, loss: str = "ce", num_classes: int = 2, ignore_index: int = 255,
