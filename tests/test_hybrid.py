@@ -19,9 +19,9 @@ from vitzoo.training.transfer import attention_layers
 VIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, num_classes=3)
 
 
-def vit(attention, seed=0):
+def vit(attention, seed=0, **kwargs):
     torch.manual_seed(seed)
-    return vitzoo.create_model("vit_tiny", attention=attention, **VIT).eval()
+    return vitzoo.create_model("vit_tiny", attention=attention, **VIT, **kwargs).eval()
 
 
 def kinds(model):
@@ -137,3 +137,16 @@ def test_transfer_teaches_only_the_converted_blocks(tmp_path):
     after = module.model.blocks[1].state_dict()
     assert all(torch.equal(before[n], after[n]) for n in before)  # the softmax block stays the teacher's
     torch.testing.assert_close(student[1].in_proj.proj.weight, teacher[1].in_proj.proj.weight, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("block", ["timm", "mlla"])
+def test_both_onnx_exporters_carry_a_stack_and_the_mlla_block(block, dynamo):
+    """A stack of the recent mechanisms, in timm's block and in MLLA's, in onnxruntime at another batch size."""
+    from test_deploy import assert_logits, onnx_logits
+
+    model = vit(["mlla", {"name": "lion", "decay": "selective", "chunk": 8}, "pola", "softmax"], block=block)
+    x, other = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert_logits(onnx_logits(model, x, dynamo, run_on=other), model(other))
