@@ -1,8 +1,9 @@
 """The LightningModule: a zoo model, AdamW + warmup/cosine, label smoothing, mixup/cutmix, top-1/top-5."""
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -13,19 +14,14 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitzoo
-from vitzoo.options import reject_unknown
 
 from .optim import build_optimizer, build_scheduler, scaled_lr
+from .options import MixupOptions, OptimOptions, options_from
 from .resume import ExactResume
 
-__all__ = ["ImageClassifier", "build_model", "checked_options", "OPTIM_DEFAULTS", "MIXUP_DEFAULTS"]
+__all__ = ["ImageClassifier", "build_model"]
 
 log = logging.getLogger(__name__)
-
-OPTIM_DEFAULTS = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), warmup_epochs=1.0, min_lr_ratio=0.01,
-                      layer_decay=None, fused=None, lr_base_batch=None)
-MIXUP_DEFAULTS = dict(mixup_alpha=0.0, cutmix_alpha=0.0, cutmix_minmax=None, prob=1.0, switch_prob=0.5,
-                      mode="batch")
 
 
 def build_model(hparams: Mapping[str, Any]) -> nn.Module:
@@ -33,15 +29,6 @@ def build_model(hparams: Mapping[str, Any]) -> nn.Module:
     return vitzoo.create_model(hparams["arch"], attention=hparams["attention"], num_classes=hparams["num_classes"],
                                img_size=hparams["img_size"], in_chans=hparams.get("in_chans", 3),
                                **(hparams.get("model_kwargs") or {}))
-
-
-def checked_options(name: str, given: Optional[Mapping[str, Any]], defaults: Mapping[str, Any]) -> Dict[str, Any]:
-    """``given`` over ``defaults``: an unknown key or a non-number for a number is a one-line error naming ``name``."""
-    reject_unknown(name, given or {}, defaults)
-    for key, value in (given or {}).items():
-        if isinstance(defaults[key], float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{name}.{key} must be a number, got {value!r}")
-    return {**defaults, **(given or {})}
 
 
 def _metrics(num_classes: int) -> MetricCollection:
@@ -69,13 +56,16 @@ class ImageClassifier(ExactResume):
 
     def __init__(self, arch: str, attention: Union[str, Mapping[str, Any]], num_classes: int, img_size: int,
                  in_chans: int = 3, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                 model_kwargs: Optional[Mapping[str, Any]] = None, optim: Optional[Mapping[str, Any]] = None,
-                 label_smoothing: float = 0.0, mixup: Optional[Mapping[str, Any]] = None, compile: bool = False,
+                 model_kwargs: Optional[Mapping[str, Any]] = None,
+                 optim: Union[OptimOptions, Mapping[str, Any], None] = None, label_smoothing: float = 0.0,
+                 mixup: Union[MixupOptions, Mapping[str, Any], None] = None, compile: bool = False,
                  channels_last: bool = False):
         super().__init__()
+        # plain dicts in the hyperparameters, so that a weights_only load reads the checkpoint
+        optim = dataclasses.asdict(options_from(OptimOptions, "module.optim", optim))
+        mixup = dataclasses.asdict(options_from(MixupOptions, "module.mixup", mixup))
         self.save_hyperparameters(logger=False)  # run.train logs the whole config instead
-        self.optim = checked_options("module.optim", optim, OPTIM_DEFAULTS)
-        mix = checked_options("module.mixup", mixup, MIXUP_DEFAULTS)
+        self.optim, mix = optim, mixup
         self.model = build_model(self.hparams)
         if not isinstance(channels_last, bool):
             raise ValueError(f"module.channels_last={channels_last!r}; give true or false")

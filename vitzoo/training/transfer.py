@@ -13,6 +13,7 @@ a temperature (``distill``, ``temperature``). Each stage is a run of its own: ch
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from contextlib import contextmanager
@@ -26,11 +27,11 @@ from vitzoo.attention import SoftmaxAttention, ZooAttention
 from vitzoo.models import initialise_from
 
 from .evaluate import read_checkpoint
-from .module import ImageClassifier, build_model, checked_options
+from .module import ImageClassifier, build_model
+from .options import TransferOptions, options_from
 
-__all__ = ["AttentionTransfer", "TRANSFER_DEFAULTS", "initialise", "attention_layers", "converted_blocks"]
+__all__ = ["AttentionTransfer", "initialise", "attention_layers", "converted_blocks"]
 
-TRANSFER_DEFAULTS = dict(stage=1, qk="train", attention_ce=0.0, student=None, distill=0.0, temperature=1.0)
 QK_MODES = ("train", "freeze")
 # Tensors of an attention layer the teacher's weights fix (the output projection, a scale-norm): never trained.
 _SHARED = ("in_proj.", "proj.", "q_norm.", "k_norm.", "norm.")
@@ -253,7 +254,7 @@ def _row_cross_entropy(student: ZooAttention, teacher: ZooAttention, x: torch.Te
 
 
 def _check_transfer(given: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    options = checked_options("transfer", given, TRANSFER_DEFAULTS)
+    options = dataclasses.asdict(options_from(TransferOptions, "transfer", given))
     if options["stage"] not in (1, 2):
         raise ValueError(f"transfer.stage={options['stage']!r}; give 1 (attention layers learn the teacher's outputs) "
                          f"or 2 (fine-tune on the labels)")
