@@ -65,15 +65,15 @@ def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec
     out_indices = kwargs.pop("out_indices", default_feature_levels(depth))
     if block not in BLOCKS:
         raise ValueError(f"unknown block={block!r}; choose one of {list(BLOCKS)} (train.py: +model.kwargs.block=...)")
-    block_fn = BLOCKS[block]
+    block_fn, attn_layer = BLOCKS[block], None
     if is_stack(attention):  # a mechanism per block: block i gets its own attn_layer
         layers = [attention_layer(spec, **context) for spec in block_specs(attention, depth)]
-        block_fn = per_block(block_fn, layers)
+        block_fn, attn_layer = per_block(block_fn, layers), layers[0]
     return build_model_with_cfg(
         ZooVisionTransformer, variant, pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        attn_layer=attention_layer(attention if not is_stack(attention) else "softmax", **context),
+        attn_layer=attn_layer or attention_layer(attention, **context),
         block_fn=block_fn,
         **kwargs,
     )
