@@ -92,10 +92,9 @@ class ZooAttention(nn.Module):
         if head_dim is None:
             if dim % num_heads:
                 raise ValueError(
-                    f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads dividing {dim} "
-                    f"(train.py: +model.kwargs.num_heads=...) or set the attention option head_dim (train.py: "
-                    f"model.attention.head_dim={max(1, dim // num_heads)}; Python: attention={{'name': ..., "
-                    f"'head_dim': {max(1, dim // num_heads)}}})")
+                    f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads dividing {dim}, or set "
+                    f"the attention option head_dim (attention={{'name': ..., 'head_dim': "
+                    f"{max(1, dim // num_heads)}}})")
             head_dim = dim // num_heads
         if int(head_dim) != head_dim or head_dim < 1:
             raise ValueError(f"head_dim must be a positive integer, got {head_dim!r}")

@@ -45,5 +45,5 @@ def _build(arch: str, attention: AttentionSpec, kwargs: dict) -> nn.Module:
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise
-        raise ValueError(f"{arch}: {err}; check the spelling of the model's keyword arguments "
-                         f"(train.py: model.kwargs.*), timm's {arch} signature lists them") from None
+        raise ValueError(f"{arch}: {err}; check the spelling of the model's keyword arguments (create_model's "
+                         f"**kwargs): timm's {arch} signature lists them") from None

@@ -47,7 +47,13 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
         arch=model["arch"], attention=model["attention"], model_kwargs=model.get("kwargs") or {},
         num_classes=datamodule.num_classes, img_size=datamodule.img_size, in_chans=datamodule.in_chans,
         mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
-    module = AttentionTransfer(transfer=transfer, **kwargs) if transfer else ImageClassifier(**kwargs)
+    try:
+        module = AttentionTransfer(transfer=transfer, **kwargs) if transfer else ImageClassifier(**kwargs)
+    except ValueError as err:  # the library names create_model's arguments; the command line sets them here
+        if "keyword argument" in str(err):
+            raise ValueError(f"{err} (train.py: model.kwargs.<name>=..., +model.kwargs.<name>=... to add one)") \
+                from None
+        raise
     if not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
         initialise(module, model.get("init_from"))
     return module
