@@ -57,6 +57,17 @@ def test_a_refused_start_after_the_imports_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_the_entry_points_without_the_train_extra_name_its_install(tmp_path, script):
+    fake = tmp_path / "no-hydra" / "hydra"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hydra'\", name='hydra')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    before = _tree(tmp_path)
+    _refused(run_python(ROOT / script, cwd=tmp_path, env=env), "pip install 'vitzoo[train]'")
+    assert _tree(tmp_path) == before
+
+
 def test_a_missing_optional_dependency_is_one_line_before_any_run_folder(tmp_path):
     fake = tmp_path / "no-torchattacks" / "torchattacks"
     fake.mkdir(parents=True)
