@@ -3,10 +3,12 @@ from .callbacks import AttentionEntropy
 from .evaluate import evaluate, load_classifier, read_checkpoint, run_record
 from .module import ImageClassifier, build_model
 from .optim import build_optimizer, build_scheduler, scaled_lr, warmup_cosine
+from .options import MixupOptions, OptimOptions, TransferOptions
 from .progress import EpochLog, ThrottledProgressBar
 from .run import build_classifier, build_run, train
 
 __all__ = [
+    "OptimOptions", "MixupOptions", "TransferOptions",
     "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
     "build_optimizer", "build_scheduler", "scaled_lr", "warmup_cosine", "train", "build_classifier", "build_run",
     "run_record", "EpochLog", "ThrottledProgressBar",
