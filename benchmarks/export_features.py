@@ -2,6 +2,7 @@
 
     python benchmarks/export_features.py                          # 1024 x 1024, patch 8 (16,384 tokens)
     python benchmarks/export_features.py --img-size 512 --reps 3
+    python benchmarks/export_features.py --attentions linear softmax pola inline mlla rala lion
     python benchmarks/export_features.py --exports softmax=<teacher>/export linear=<student>/export
 
 For each attention an export of the ``vit_cifar`` shape (192 wide, 9 blocks, 3 heads) with patch 8 is
@@ -84,6 +85,8 @@ def main(argv=None) -> None:
     p.add_argument("--patch-size", type=int, default=8)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--warmup-size", type=int, default=None, help="the warm-up pass's image size (default --img-size)")
+    p.add_argument("--attentions", nargs="+", default=list(ATTENTIONS), metavar="NAME",
+                   help="registered mechanisms to export and time (default: linear softmax)")
     p.add_argument("--exports", nargs="+", metavar="NAME=DIR",
                    help="time these export folders instead of random-weight vit_cifar exports")
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -101,11 +104,11 @@ def main(argv=None) -> None:
 
         patch, what = args.patch_size, "vit_cifar shape, random weights"
         with tempfile.TemporaryDirectory() as tmp:
-            for att in ATTENTIONS:
+            for att in args.attentions:
                 torch.manual_seed(0)
                 model = vitzoo.create_model("vit_cifar", attention=att, patch_size=patch, num_classes=0)
                 export_model(model, Path(tmp) / att, head=False)
-            results = measure({att: Path(tmp) / att for att in ATTENTIONS}, args)
+            results = measure({att: Path(tmp) / att for att in args.attentions}, args)
     tokens = (args.img_size // patch) ** 2
     print(f"# features_only from a local-dir export ({what}), patch {patch}, {args.img_size}x{args.img_size} "
           f"({tokens:,} tokens), batch 1, CPU {torch.get_num_threads()} threads, best of {args.reps}")
