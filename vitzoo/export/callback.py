@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from .checkpoint import export_checkpoint
@@ -28,7 +29,7 @@ class ExportBestCallback(pl.Callback):
         if not trainer.is_global_zero:
             return
         ckpt_cb = trainer.checkpoint_callback
-        ckpt = ckpt_cb and (ckpt_cb.best_model_path or ckpt_cb.last_model_path)
+        ckpt = (ckpt_cb.best_model_path or ckpt_cb.last_model_path) if isinstance(ckpt_cb, ModelCheckpoint) else None
         if not ckpt:
             rank_zero_warn("ExportBestCallback: no checkpoint was saved, nothing to export; "
                            "enable a ModelCheckpoint callback (trainer.enable_checkpointing=true)")

@@ -53,8 +53,9 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
         raise ValueError("the model carries no construction arguments; build it with vitzoo.create_model(...) "
                          "or timm.create_model(...) so the export can record how to rebuild it")
     if not head:
-        model = copy.deepcopy(model)
-        model.reset_classifier(0)
+        headless: Any = copy.deepcopy(model)  # a timm model: reset_classifier is timm's
+        headless.reset_classifier(0)
+        model = headless
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file; the export is a folder (model.safetensors + config.json): pass a "
@@ -106,7 +107,7 @@ def push_to_hub(export_dir: Union[str, Path], repo_id: str, token: Optional[str]
                               data_config=data_config)
 
 
-def _pinned_args(model: nn.Module) -> Dict[str, Any]:
+def _pinned_args(model: Any) -> Dict[str, Any]:
     """Construction arguments that would otherwise come from defaults or from ``img_size``, written out so an
     export keeps computing the same function: the ViT shape, and the log-n scale's training token count
     (else a loader passing another ``img_size``, e.g. smp or mmseg, would rescale the logits)."""

@@ -10,7 +10,7 @@ PyTorch's logits; otherwise it is removed and the reason is one ValueError line.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn, Optional, Sequence, Union
+from typing import Any, NoReturn, Optional, Sequence, Union
 
 import torch
 
@@ -32,7 +32,7 @@ def export_onnx(export_dir: Union[str, Path], img_size: Optional[Sequence[int]] 
         raise ValueError(f"ONNX export needs onnx and onnxscript ({err}); pip install onnx onnxscript onnxruntime "
                          "(or pip install -e '.[test]')") from None
     export_dir = Path(export_dir)
-    model = load_exported(export_dir).eval()
+    model: Any = load_exported(export_dir).eval()  # a timm model: pretrained_cfg is timm's
     chans, *size = model.pretrained_cfg["input_size"]
     x = torch.randn(2, chans, *(img_size or size), generator=torch.Generator().manual_seed(0))
     check = torch.cat([x, x.flip(0)[:1]])  # the file runs at another batch size than it was exported with

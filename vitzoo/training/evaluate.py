@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -19,7 +19,7 @@ __all__ = ["read_checkpoint", "load_classifier", "evaluate", "run_record"]
 _REQUIRED = ("arch", "attention", "num_classes", "img_size")
 
 
-def read_checkpoint(path: str) -> Dict[str, Any]:
+def read_checkpoint(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """A Lightning checkpoint as a dict, unpickled with ``weights_only=True`` (no arbitrary code)."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -51,7 +51,7 @@ def run_record(ckpt_path: str, name: str) -> Optional[Path]:
     return path if path.is_file() else None
 
 
-def load_classifier(path: str) -> Tuple[nn.Module, Dict[str, Any]]:
+def load_classifier(path: Union[str, os.PathLike]) -> Tuple[nn.Module, Dict[str, Any]]:
     """(network in eval mode, hyperparameters) from a checkpoint written by train.py.
 
     The hyperparameters hold what the input pipeline needs: ``img_size``, ``mean``, ``std``.
