@@ -29,7 +29,8 @@ EVERY_MECHANISM = f"""
 import sys, tempfile
 import torch, vitzoo, vitzoo.export, vitzoo.diagnostics
 for name in vitzoo.list_attentions():
-    out = vitzoo.create_model("vit_cifar", attention=name, img_size=16, depth=2, num_classes=3)(torch.rand(2, 3, 16, 16))
+    model = vitzoo.create_model("vit_cifar", attention=name, img_size=16, depth=2, num_classes=3)
+    out = model(torch.rand(2, 3, 16, 16))
     assert out.shape == (2, 3), (name, out.shape)
 for name in ("softmax", "linear"):
     model = vitzoo.create_model("nonlocal_resnet18_cifar", attention=name, num_classes=3).eval()
@@ -158,5 +159,7 @@ def test_a_fresh_venv_with_the_core_alone_builds_every_mechanism(tmp_path):
     wheel, = tmp_path.glob("vitzoo-*.whl")
     subprocess.run([*pip, "--python", python, "install", "--no-index", "--no-deps", wheel], check=True, timeout=600)
     _run(python, MET_REQUIREMENTS, tmp_path)
+    frost = {p.name for p in (site / "vitzoo" / "robustness" / "corruptions" / "frost").iterdir()}
+    assert frost == {"LICENSE", "README.md", "frost1.webp", "frost2.webp", "frost3.webp", "frost4.jpg", "frost5.jpg"}
     out = _run(python, EVERY_MECHANISM, tmp_path)
     assert out.rstrip().endswith("application modules imported: []"), out
