@@ -230,7 +230,7 @@ def test_val_split_held_in_memory_gives_the_streamed_results(checkpoints, tmp_pa
                  "robustness.severities=[5]", "robustness.logit_noise=[1]", "robustness.resolutions=[2]",
                  "robustness.plots=false", "robustness.tensorboard=false", "robustness.progress=false"]
     in_memory = evaluate_checkpoints(compose_config(tmp_path / "memory", overrides, name="eval"))["records"]
-    monkeypatch.setattr(robustness.run, "MEMORY_BUDGET_BYTES", 0)
+    monkeypatch.setattr(robustness.api, "MEMORY_BUDGET_BYTES", 0)
     streamed = evaluate_checkpoints(compose_config(tmp_path / "streamed", overrides, name="eval"))["records"]
     assert len(in_memory) == 4 and in_memory == streamed
 
@@ -317,7 +317,7 @@ def test_eval_reads_the_released_files_as_released(checkpoints, tmp_path, layout
         with torch.no_grad():
             expected = (model((x - mean) / std).argmax(1) == labels[block].long()).sum().item() / per
         assert acc[("fog", severity)]["num_images"] == per == 360
-        assert acc[("fog", severity)]["acc1"] == pytest.approx(expected, abs=1e-9)
+        assert acc[("fog", severity)]["acc1"] == pytest.approx(expected, abs=1e-6)  # torchmetrics: float32
     assert acc[("fog", 5)]["acc1"] < acc[("fog", 1)]["acc1"] - 0.3  # inverted digits: a different pass indeed
     assert abs(acc[("clean", 0)]["acc1"] - acc[("fog", 1)]["acc1"]) <= 2 / 360  # the val split, as 8-bit files
     assert ("logit_noise", 1.0) in acc
@@ -359,7 +359,7 @@ def test_eval_refuses_a_missing_autoattack_install_before_the_first_pass(checkpo
     def no_pass(*args, **kwargs):
         raise AssertionError("a pass ran before the install check")
 
-    monkeypatch.setattr(robustness.run, "run_pass", no_pass)
+    monkeypatch.setattr(robustness.api, "run_pass", no_pass)
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # import torchattacks raises ImportError
     overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness=clean", "robustness.progress=false",
                  "robustness.adversarial=[2]"]

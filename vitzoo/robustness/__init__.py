@@ -1,13 +1,16 @@
 """Robustness evaluation: input corruptions, attention-logit noise at eval time, resolution sweeps.
 
 ``corrupt`` and ``attention_noise`` are the building blocks; ``Sweep`` / ``run_pass`` evaluate one
-model, ``summarize`` turns records into mean corrupted accuracy, relative drop and mCE, and
-``vitzoo.robustness.run.evaluate_checkpoints`` is what ``eval.py`` runs over several checkpoints.
+model, ``summarize`` turns records into mean corrupted accuracy, relative drop and mCE; ``evaluate`` runs a
+whole sweep over several models and returns a ``RobustnessResult`` that writes eval.py's files
+(``vitzoo.robustness.run.evaluate_checkpoints``, what ``eval.py`` runs, wraps it).
 """
+from .api import RobustnessResult, evaluate
 from .attention_noise import attention_noise
 from .corruptions import CORRUPTIONS, PROTOCOLS, corrupt, list_corruptions
 from .report import summarize
 from .sweep import Pass, Sweep, run_pass, sweep_passes
 
-__all__ = ["CORRUPTIONS", "PROTOCOLS", "corrupt", "list_corruptions", "attention_noise", "Sweep", "Pass",
+__all__ = ["evaluate", "RobustnessResult", "CORRUPTIONS", "PROTOCOLS", "corrupt", "list_corruptions", "attention_noise",
+           "Sweep", "Pass",
            "run_pass", "sweep_passes", "summarize"]
