@@ -43,7 +43,7 @@ def test_evaluate_runs_a_sweep_and_writes_eval_pys_files(model, tmp_path):
 
 
 def test_evaluate_names_its_valid_options(model):
-    with pytest.raises(ValueError, match=r"robustness has no option\(s\) \['severity'\]; valid options: .*'severities'"):
+    with pytest.raises(ValueError, match=r"robustness has no option\(s\) \['severity'\]; valid options: .*'sever"):
         evaluate(model, DigitsDataModule, severity=[1])
     with pytest.raises(ValueError, match=r"baseline='other' is not one of the evaluated models \['linear'\]"):
         evaluate(model, DigitsDataModule, baseline="other")
