@@ -180,6 +180,15 @@ def table(rows: List[Dict[str, float]], dark: Dict[str, float]) -> str:
     return head + "\n".join(lines)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=Path("data/thin"), help="generated here when missing")
@@ -206,7 +215,7 @@ def main() -> None:
                              capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(f"{spec}: {time.perf_counter() - started:.0f} s, wall IoU {rows[-1]['iou_wall']:.3f}", flush=True)
-    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+    machine = (f"{cpu_name()}, {torch.get_num_threads()} threads, torch "
                f"{torch.__version__}; {args.steps} steps x batch {args.batch} of {args.crop} px crops, "
                f"{args.n} training images of 512 px, {args.test} held-out 512 px images")
     dark = threshold_row(args.data)
