@@ -103,6 +103,16 @@ class AgentBias(GridModule):
     is resized as a side x side grid too. The row / column tables follow a state dict saved at another grid.
     """
 
+    # parameters, registered by name in __init__
+    an: torch.Tensor
+    na: torch.Tensor
+    ah: torch.Tensor
+    aw: torch.Tensor
+    ha: torch.Tensor
+    wa: torch.Tensor
+    ac: torch.Tensor
+    ca: torch.Tensor
+
     def __init__(self, num_heads: int, num_agents: int, layout: Layout, device=None, dtype=None):
         super().__init__(layout, device)
         H, n_a, P, T = num_heads, num_agents, layout.prefix, BIAS_TABLE
@@ -171,6 +181,7 @@ class AgentAttention(ZooAttention):
                              "pass grid_size=(h, w), or set bias: false")
         self.bias = None
         if bias:
+            assert self.grid_size is not None  # checked above
             layout = Layout(self.num_prefix_tokens, *self.grid_size)
             self.bias = AgentBias(num_heads, num_agents, layout, kwargs.get("device"), kwargs.get("dtype"))
 

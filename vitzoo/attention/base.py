@@ -7,7 +7,7 @@ subclass only how tokens mix (``mix``) and what the (implied) attention matrix i
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -32,7 +32,7 @@ class HeadProjection(nn.Module):
         super().__init__()
         if mode not in HEAD_MODES:
             raise ValueError(f"unknown heads={mode!r}; choose one of {list(HEAD_MODES)}")
-        dd = {"device": device, "dtype": dtype}
+        dd: Dict[str, Any] = {"device": device, "dtype": dtype}
         self.mode, self.num_heads, self.head_dim, self.num_outputs = mode, num_heads, head_dim, num_outputs
         if mode == "split":
             self.proj = nn.Linear(dim, num_outputs * num_heads * head_dim, bias=bias, **dd)
@@ -88,7 +88,7 @@ class ZooAttention(nn.Module):
             dtype=None,
     ):
         super().__init__()
-        dd = {"device": device, "dtype": dtype}
+        dd: Dict[str, Any] = {"device": device, "dtype": dtype}
         if head_dim is None:
             if dim % num_heads:
                 raise ValueError(
@@ -111,17 +111,18 @@ class ZooAttention(nn.Module):
         self.logit_noise = float(logit_noise)
         self.eval_logit_noise = 0.0
         self.num_tokens, self.num_prefix_tokens = num_tokens, num_prefix_tokens
-        self.grid_size = tuple(grid_size) if grid_size is not None else None
+        self.grid_size: Optional[Tuple[int, int]] = (grid_size[0], grid_size[1]) if grid_size is not None else None
         self.token_grid: Optional[Tuple[int, int]] = None
         self.block_index = 0  # this layer's block in the backbone's stack (set by the ViT; window shifts odd ones)
         self.attention_probe: Optional[Callable] = None
 
         self.in_proj = HeadProjection(dim, num_heads, head_dim, len(self.projections), heads, qkv_bias, **dd)
         use_qk_norm = qk_norm and "q" in self.projections
-        self.q_norm = norm_layer(head_dim, **dd) if use_qk_norm else nn.Identity()
-        self.k_norm = norm_layer(head_dim, **dd) if use_qk_norm else nn.Identity()
+        # norm_layer is not None whenever qk_norm or scale_norm is set (checked above)
+        self.q_norm = norm_layer(head_dim, **dd) if use_qk_norm and norm_layer is not None else nn.Identity()
+        self.k_norm = norm_layer(head_dim, **dd) if use_qk_norm and norm_layer is not None else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
+        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm and norm_layer is not None else nn.Identity()
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.register_load_state_dict_pre_hook(ZooAttention._timm_qkv_names)
@@ -218,9 +219,9 @@ def attend(layer: ZooAttention, x: torch.Tensor, q: Optional[torch.Tensor], k: O
 
 
 @torch.fx.wrap
-def share_grid(x: torch.Tensor, layers: Sequence[nn.Module], grid: Tuple[int, int]) -> torch.Tensor:
+def share_grid(x: torch.Tensor, layers: Sequence[ZooAttention], grid: Tuple[int, int]) -> torch.Tensor:
     """Set ``token_grid = grid`` on ``layers`` and return ``x``: a backbone passes each input's grid through this (a
     node on x's path under torch.fx, wrapped again where it is called: ``torch.fx.wrap`` patches by module)."""
     for layer in layers:
-        layer.token_grid = tuple(grid)
+        layer.token_grid = (grid[0], grid[1])
     return x

@@ -48,7 +48,9 @@ class FeatureMap(nn.Module):
         return self.head_dim
 
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
-        return feature_map(self.fused_map)(x.to(torch.promote_types(x.dtype, torch.float32)))
+        # fused_map None: feature_map raises its ValueError (a subclass without a fused map overrides forward)
+        fused = feature_map(self.fused_map)  # type: ignore[arg-type]
+        return fused(x.to(torch.promote_types(x.dtype, torch.float32)))
 
     def extra_repr(self) -> str:
         return f"fused_map={self.fused_map}, head_dim={self.head_dim}, feature_dim={self.feature_dim}"

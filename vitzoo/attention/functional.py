@@ -12,7 +12,7 @@ noiseless call.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,14 @@ def acc(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: int) -> Scale:
+@overload
+def entropy_scale(head_dim: int, num_keys: int, train_keys: int) -> float: ...
+@overload
+def entropy_scale(head_dim: int, num_keys: torch.Tensor, train_keys: int) -> torch.Tensor: ...
+@overload
+def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor],
+                  train_keys: int) -> Union[float, torch.Tensor]: ...
+def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: int) -> Union[float, torch.Tensor]:
     """Entropy-invariant scale kappa*log(n)/d with kappa = sqrt(d)/log(n_train) (docs/mechanisms.md section 1).
 
     Equals 1/sqrt(d) at ``num_keys == train_keys`` and grows like log(n) beyond it. ``num_keys`` may
@@ -70,6 +77,7 @@ def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[in
     """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``)."""
     if mode == "sqrt_d":
         return head_dim ** -0.5
+    assert train_keys is not None, "scale='log_n' needs train_keys (check_scale rejects it at build time)"
     return entropy_scale(head_dim, num_keys, train_keys)
 
 
@@ -77,15 +85,18 @@ def check_scale(mode: str, train_keys: Optional[int]) -> None:
     """Validate a ``scale`` option at build time."""
     if mode not in SCALE_MODES:
         raise ValueError(f"unknown scale={mode!r}; choose one of {list(SCALE_MODES)}")
-    if mode == "log_n" and not train_keys:
+    if mode != "log_n":
+        return
+    if not train_keys:
         raise ValueError("scale='log_n' needs the training token count: build it inside a vitzoo model "
                          "or set train_tokens=<tokens at training resolution>")
-    if mode == "log_n" and train_keys < 2:
+    if train_keys < 2:
         raise ValueError(f"scale='log_n' needs at least 2 tokens at training, got {train_keys} (log 1 = 0 sets no "
                          "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)")
 
 
-def query_scale(q: torch.Tensor, num_keys: Union[int, torch.Tensor], train_keys: Optional[int]) -> Scale:
+def query_scale(q: torch.Tensor, num_keys: Union[int, torch.Tensor],
+                train_keys: Optional[int]) -> Union[float, torch.Tensor]:
     """The scale of q's rows: 1/sqrt(d) without ``train_keys``, else the log-n scale of the keys each query
     attends, a tensor in q's dtype for per-query counts (under a mask, within windows), computed in fp32 or wider."""
     if train_keys is None:
@@ -108,6 +119,12 @@ def attended_keys(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return keep.sum(-1, keepdim=True)
 
 
+@overload
+def additive_mask(attn_mask: None, like: torch.Tensor) -> None: ...
+@overload
+def additive_mask(attn_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor: ...
+@overload
+def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]: ...
 def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
     """A boolean keep-mask (True = attend) or an additive float mask, as an additive fp mask."""
     if attn_mask is None or attn_mask.dtype != torch.bool:

@@ -59,6 +59,8 @@ class GridModule(nn.Module):
     lives in the persistent buffer ``layout``; a state dict saved at another one is resampled on load.
     """
 
+    layout: torch.Tensor  # buffer, registered in __init__
+
     def __init__(self, layout: Layout, device=None):
         super().__init__()
         self.built = layout

@@ -142,6 +142,7 @@ class NystromAttention(ZooAttention):
 
     def conv_matrix(self, num_tokens: int, query_index: torch.Tensor) -> torch.Tensor:
         """The convolution as a matrix: row i holds kernel tap j - i + r at column j (|j - i| <= r), (1, H, Q, N)."""
+        assert self.conv is not None  # called only with the conv term
         weight = AF.acc(self.conv.weight)[:, 0, :, 0]  # (H, kernel)
         radius = weight.shape[-1] // 2
         tap = torch.arange(num_tokens, device=weight.device) - query_index.to(weight.device)[:, None] + radius

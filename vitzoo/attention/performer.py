@@ -54,6 +54,10 @@ class PerformerFeatureMap(FeatureMap):
     reproducible and the same on every process; eval never redraws.
     """
 
+    seed: torch.Tensor  # buffers, registered in __init__
+    step: torch.Tensor
+    weight: torch.Tensor
+
     def __init__(self, head_dim: int, num_heads: int = 1, *, num_features: int = 256, redraw_interval: int = 1000):
         super().__init__(head_dim, num_heads)
         if num_features < 1:

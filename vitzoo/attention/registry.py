@@ -50,7 +50,7 @@ class Registry:
         for klass in cls.__mro__:
             if klass is object or "__init__" not in vars(klass):
                 continue
-            for p in inspect.signature(klass.__init__).parameters.values():
+            for p in inspect.signature(vars(klass)["__init__"]).parameters.values():
                 if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in self.context:
                     names.add(p.name)
             if klass is self.base:

@@ -20,7 +20,7 @@ function the saved model computes at this grid with ``interpolate: true``.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 import torch
 import torch.nn as nn
@@ -207,7 +207,8 @@ class SynthesizerAttention(GridBoundAttention):
     ``interpolate`` resamples B at another token layout (``GridBoundAttention``).
     """
 
-    projections = ("v",)
+    projections: Sequence[str] = ("v",)
+    synth: nn.Module  # the logit generator, set by the subclass
 
     def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
         """Noiseless logits B (+ mask) for the current input: (B|1, H, N, N), fp32 or wider."""
@@ -215,7 +216,7 @@ class SynthesizerAttention(GridBoundAttention):
         if attn_mask is not None:
             out = out + AF.additive_mask(attn_mask, out)
         if is_causal:
-            out = out.masked_fill(~AF.causal_keep(*out.shape[-2:], out.device), float("-inf"))
+            out = out.masked_fill(~AF.causal_keep(out.shape[-2], out.shape[-1], out.device), float("-inf"))
         return out
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
@@ -291,21 +292,22 @@ class SynthMixAttention(SynthesizerAttention):
             "factorized_random": lambda: FactorizedRandomLogits(heads, layout, rank, **dd),
             "softmax": lambda: DotProductLogits(self.head_dim, scale, train_tokens),
         }
-        self.synth = MixLogits({p: build[p]() for p in parts}, device=dd["device"])
+        self.synth: MixLogits = MixLogits({p: build[p]() for p in parts}, device=dd["device"])
 
     def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
         """A log-n ``softmax`` part counts the keys each query attends (docs/mechanisms.md section 1): under a
         mask or causal rows, q's rows carry log(attended) / log(all keys) (the part scales at all keys)."""
-        dot = self.synth.parts["softmax"] if "softmax" in self.synth.parts else None
+        dot = cast(DotProductLogits, self.synth.parts["softmax"]) if "softmax" in self.synth.parts else None
         if dot is not None and dot.uses_log_n and (attn_mask is not None or is_causal):
             counts = AF.attended_keys(AF.causal_mask(q, k, attn_mask) if is_causal else attn_mask)
+            assert counts is not None and dot.train_tokens is not None  # a mask is given; log_n has train_tokens
             ratio = AF.entropy_scale(dot.head_dim, counts, dot.train_tokens) / \
                 AF.entropy_scale(dot.head_dim, k.shape[-2], dot.train_tokens)
             q = q * ratio.to(q.dtype)
         return super().logits(x, q, k, attn_mask, is_causal)
 
 
-def _dd(kwargs: dict) -> dict:
+def _dd(kwargs: dict) -> Dict[str, Any]:
     return {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
 
 

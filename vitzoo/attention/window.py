@@ -34,7 +34,7 @@ class Windows(NamedTuple):
         (top, bottom, left, right), (h, w) = self.pad, self.grid
         return (h + top + bottom) // self.size[0], (w + left + right) // self.size[1]
 
-    def index(self, device=None) -> torch.Tensor:
+    def index(self, device=None) -> torch.Tensor:  # type: ignore[override]  # public API, shadows tuple.index
         """The window of each grid token, row-major: (h * w,)."""
         rows = (torch.arange(self.grid[0], device=device) + self.pad[0]) // self.size[0]
         cols = (torch.arange(self.grid[1], device=device) + self.pad[2]) // self.size[1]
@@ -66,7 +66,7 @@ def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Window
         front = w - w // 2 if shifted and g > w and w > 1 else 0
         sizes.append(w)
         pads += [front, -(g + front) % w]
-    return Windows(tuple(grid), tuple(sizes), tuple(pads))
+    return Windows((grid[0], grid[1]), (sizes[0], sizes[1]), (pads[0], pads[1], pads[2], pads[3]))
 
 
 def relative_index(rows: torch.Tensor, cols: torch.Tensor, window_size: int) -> torch.Tensor:
@@ -163,6 +163,7 @@ class WindowAttention(ZooAttention):
                              "or pass grid_size=(h, w)")
         self.train_keys = None
         if scale == "log_n":
+            assert self.grid_size is not None  # checked just above
             self.train_keys = self.num_prefix_tokens + math.prod(window_layout(self.grid_size, self.window_size).size)
         AF.check_scale(scale, self.train_keys)
         if not isinstance(rel_pos, bool):

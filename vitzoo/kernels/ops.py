@@ -59,7 +59,8 @@ def linear_attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, 
         grads = triton_backward(dout, q, k, v, S, z, feature_map, eps, needs)
     else:
         grads = torch_backward(dout, q, k, v, S, z, feature_map, eps, chunk, use_kernel, needs)
-    return tuple(g if g is not None else x.new_empty(0) for g, x in zip(grads, (q, k, v)))
+    dq, dk, dv = (g if g is not None else x.new_empty(0) for g, x in zip(grads, (q, k, v)))
+    return dq, dk, dv
 
 
 @linear_attention_backward_op.register_fake

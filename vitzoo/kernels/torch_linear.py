@@ -22,7 +22,7 @@ dtype and feature map; the reference the kernel is tested against).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -59,7 +59,8 @@ class _Scratch:
     allocation per op costs page faults that take longer than the op itself."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device):
-        self.dtype, self.device, self.cache = dtype, device, {}
+        self.dtype, self.device = dtype, device
+        self.cache: Dict[str, torch.Tensor] = {}
 
     def __call__(self, name: str, shape) -> torch.Tensor:
         numel = math.prod(shape)
