@@ -1,7 +1,7 @@
 """Non-local ResNets: timm's ResNet with non-local blocks whose attention comes from the registry."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 import torch.fx
@@ -58,11 +58,14 @@ class NonLocalResNet(ResNet):
                  nonlocal_per_stage: int = 1, nonlocal_reduction: int = 2, nonlocal_heads: int = 1,
                  cifar_stem: bool = False, img_size=224, **kwargs):
         super().__init__(*args, **kwargs)
+        feature_info = cast(List[Dict[str, Any]], self.feature_info)  # timm's dicts of num_chs, reduction, module
         if cifar_stem:
-            self.conv1 = nn.Conv2d(self.conv1.in_channels, self.conv1.out_channels, 3, 1, 1, bias=False)
-            nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
-            self.maxpool = nn.Identity()
-            for info in self.feature_info:
+            stem = cast(nn.Conv2d, self.conv1)  # the plain 7x7 stem (timm types conv1 as its deep stem too)
+            conv1 = nn.Conv2d(stem.in_channels, stem.out_channels, 3, 1, 1, bias=False)
+            self.conv1 = conv1  # type: ignore[assignment]  # timm declares conv1 as the deep stem's Sequential
+            nn.init.kaiming_normal_(conv1.weight, mode="fan_out", nonlinearity="relu")
+            self.maxpool = nn.Identity()  # type: ignore[assignment]  # timm declares maxpool as a Sequential
+            for info in feature_info:
                 info["reduction"] //= 4 if info["module"] != "act1" else 2
         bad = [s for s in nonlocal_stages if s not in (1, 2, 3, 4)]
         if bad:
@@ -71,7 +74,7 @@ class NonLocalResNet(ResNet):
         specs = iter(block_specs(attention, len(nonlocal_stages) * nonlocal_per_stage))
         for stage in nonlocal_stages:
             layer = getattr(self, f"layer{stage}")
-            info = self.feature_info[stage]
+            info = feature_info[stage]
             grid = (_feature_side(img[0], info["reduction"]), _feature_side(img[1], info["reduction"]))
             after = _spread(len(layer), nonlocal_per_stage)
             blocks = []

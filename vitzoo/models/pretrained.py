@@ -14,12 +14,13 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Set, Union
+from typing import Any, Dict, Iterable, List, Mapping, Set, Union, cast
 
 import torch
 import torch.nn as nn
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import adapt_input_conv
+from timm.models.vision_transformer import VisionTransformer
 
 from vitzoo.attention import ZooAttention
 from .pretrained_sources import SOURCE_FORMS, ViTWeights, read_vit_weights
@@ -30,7 +31,7 @@ __all__ = ["initialise_from", "LoadReport", "compact_names"]
 log = logging.getLogger(__name__)
 
 QKV = ("q", "k", "v")
-_RESAMPLE = dict(interpolation="bicubic", antialias=True)  # timm's checkpoint_filter_fn defaults
+_RESAMPLE: Dict[str, Any] = dict(interpolation="bicubic", antialias=True)  # timm's checkpoint_filter_fn defaults
 _REQUIRED = ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight")
 # Checkpoint tensors a model may leave unused: its head (a headless model) and timm's dropped representation layer.
 _MAY_BE_UNUSED = re.compile(r"^(head|pre_logits)\.")
@@ -101,9 +102,9 @@ def _tensor_facts(shapes: Mapping[str, torch.Size], has_q: bool) -> Dict[str, An
     return facts
 
 
-def _module_facts(vit: nn.Module) -> Dict[str, Any]:
+def _module_facts(vit: VisionTransformer) -> Dict[str, Any]:
     """Architecture options only a built model shows."""
-    block = vit.blocks[0]
+    block: Any = vit.blocks[0]  # a block of any block_fn (norm1, attn, mlp)
     norm = block.norm1
     return {"num_heads": block.attn.num_heads, "global_pool": vit.global_pool, "no_embed_class": vit.no_embed_class,
             "act_layer": type(block.mlp.act).__name__, "norm_layer": f"{type(norm).__name__}(eps={norm.eps})",
@@ -118,7 +119,7 @@ def _check_architecture(model: ZooVisionTransformer, weights: ViTWeights) -> Non
         keys = ", ".join(list(weights.state)[:4])
         raise ValueError(f"init_from={weights.source} is not a timm VisionTransformer state dict (it has no "
                          f"{', '.join(missing)}; its first keys: {keys}); give {SOURCE_FORMS}")
-    has_q = "q" in model.blocks[0].attn.projections
+    has_q = "q" in _attention(model.blocks[0]).projections
     mine = {**_tensor_facts(_timm_shapes(model), has_q), **_module_facts(model)}
     theirs = _tensor_facts({k: v.shape for k, v in weights.state.items()}, has_q)
     if weights.reference is not None:
@@ -142,7 +143,7 @@ def _load(model: ZooVisionTransformer, weights: ViTWeights) -> LoadReport:
     identity: List[str] = []
     for index, block in enumerate(model.blocks):
         prefix = f"blocks.{index}.attn"
-        mapped.update(_projections(block.attn, prefix, state, weights.source, used, partial, identity))
+        mapped.update(_projections(_attention(block), prefix, state, weights.source, used, partial, identity))
     for name in target:
         if name not in mapped and ".attn.in_proj." not in name and name in state:
             mapped[name] = state[name]
@@ -169,6 +170,11 @@ def _load(model: ZooVisionTransformer, weights: ViTWeights) -> LoadReport:
     assert not result.unexpected_keys, result.unexpected_keys  # every mapped name comes from the model's state dict
     loaded = [name for name in mapped if name not in identity]
     return LoadReport(weights.source, loaded, new, unused + partial, notes, head_note)
+
+
+def _attention(block: nn.Module) -> ZooAttention:
+    """A ZooVisionTransformer block's mechanism (its ``attn``: the model's attention spec built it)."""
+    return cast(ZooAttention, block.attn)
 
 
 def _projections(attn: ZooAttention, prefix: str, state: Mapping[str, torch.Tensor], source: str, used: Set[str],
@@ -246,7 +252,7 @@ def _check_leftovers(model: ZooVisionTransformer, source: str, new: List[str], u
     if lacking:
         raise ValueError(f"init_from={source}: the checkpoint has no {compact_names(lacking)}, which the model has; "
                          f"build the model with the checkpoint's architecture")
-    has_q = "q" in model.blocks[0].attn.projections
+    has_q = "q" in _attention(model.blocks[0]).projections
     extra = [name for name in unused if not _MAY_BE_UNUSED.match(name)
              and not (not has_q and re.match(r"^blocks\.\d+\.attn\.[qk]_norm\.", name))]
     if extra:

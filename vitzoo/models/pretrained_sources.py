@@ -10,7 +10,7 @@ import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Union, cast
 
 import timm
 import torch
@@ -96,7 +96,7 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
         raise ValueError(f"init_from={source!r} is a {type(layout).__name__}, not a ViT with a patch embedding "
                          f"(timm's VisionTransformer); pick a vit_* model")
     if before_download is not None:
-        before_download(ViTWeights(source, layout.state_dict(), layout))
+        before_download(ViTWeights(source, layout.state_dict(), cast(VisionTransformer, layout)))  # _is_plain_vit
     try:
         model = timm.create_model(name, pretrained=True)
     except OSError as err:  # no network, hub error, nothing cached (huggingface_hub's and urllib's errors are OSErrors)
@@ -105,7 +105,7 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
                          f"local file instead: save timm.create_model('{name}', pretrained=True).state_dict() where "
                          f"the hub is reachable (safetensors' save_file) and give init_from=/path/to/weights.safetensors"
                          ) from None
-    return ViTWeights(source, model.state_dict(), model)
+    return ViTWeights(source, model.state_dict(), cast(VisionTransformer, model))  # the architecture checked above
 
 
 def _is_plain_vit(model: nn.Module) -> bool:
@@ -125,7 +125,7 @@ def _from_export(source: str, path: Path) -> ViTWeights:
         raise ValueError(f"init_from={source!r} holds {cls.__name__} weights; init_from takes a softmax ViT (load "
                          f"this export as it is with vitzoo.export.load_exported)")
     with torch.device("meta"):  # the export's own architecture, for its attributes
-        reference = timm.create_model(arch, attention=spec, **args)
+        reference = cast(VisionTransformer, timm.create_model(arch, attention=spec, **args))  # a VIT_ARCHS arch
     state = load_file(str(path / WEIGHTS_NAME))
     return ViTWeights(source, _qkv_layout(state, reference), reference)
 
