@@ -4,7 +4,7 @@ generated per image from the mean token. The mathematics: docs/mechanisms.md sec
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -85,7 +85,7 @@ class InLineAttention(ZooAttention):
             raise ValueError(f"inline's kernel generator groups the {dim} input channels by head: "
                              f"num_heads={num_heads} must divide dim (or set residual: false)")
         self.impl = impl
-        dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+        dd: Dict[str, Any] = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.kernel_gen = nn.Sequential(
             nn.Conv1d(dim, self.attn_dim, 1, groups=num_heads, **dd), nn.GELU(),
             nn.Conv1d(self.attn_dim, 9 * self.attn_dim, 1, groups=num_heads, **dd)) if residual else None
@@ -94,6 +94,7 @@ class InLineAttention(ZooAttention):
         """The local residual of every token (B, H, n, d); prefix rows 0."""
         B, H, N, D = v.shape
         prefix, grid = self.num_prefix_tokens, self.current_grid(N)
+        assert self.kernel_gen is not None  # called only with residual=True
         kernels = self.kernel_gen(x.mean(dim=1).unsqueeze(-1)).reshape(B, H * D, 3, 3)
         images = v[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, *grid)
         out = dynamic_depthwise(images, kernels.to(images.dtype)).reshape(B, H, D, N - prefix).transpose(-2, -1)

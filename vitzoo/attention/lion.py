@@ -11,7 +11,7 @@ defines it.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -122,7 +122,7 @@ class LionAttention(ZooAttention):
             raise ValueError(f"lion chunk={chunk!r} must be a positive number of tokens")
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
-        dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+        dd: Dict[str, Any] = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.decay, self.chunk, self.eps, self.impl = decay, int(chunk), eps, impl
         self.decay_logit = nn.Parameter(torch.randn(num_heads, **dd)) if decay == "fixed" else None
         self.gate = None
@@ -134,7 +134,9 @@ class LionAttention(ZooAttention):
     def log_gates(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """log lambda per head and token, (B, H, n) (``fixed``: (1, H, n)) in ``like``'s dtype."""
         if self.decay == "fixed":
+            assert self.decay_logit is not None  # built for decay='fixed'
             return F.logsigmoid(AF.acc(self.decay_logit)).to(like.dtype)[None, :, None].expand(1, -1, x.shape[1])
+        assert self.gate is not None  # built for decay='selective' (decay='none' has no gates)
         logits = F.linear(AF.acc(x), AF.acc(self.gate.weight), AF.acc(self.gate.bias)).transpose(1, 2)
         gates = F.logsigmoid(-logits).to(like.dtype)  # log(1 - sigmoid(z))
         prefix = torch.arange(x.shape[1], device=x.device) < self.num_prefix_tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from itertools import groupby
-from typing import Any, Callable, List, Mapping, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 from .registry import AttentionSpec, resolve_attention
 
@@ -60,7 +60,7 @@ def block_specs(attention: Any, count: int) -> List[AttentionSpec]:
         if not ranges:
             raise ValueError(f"attention {dict(attention)} has neither a 'name' nor block ranges; give one spec "
                              "({'name': ...}), a list with one spec per block, or ranges ({':6': ..., '6:': ...})")
-        owner = {}
+        owner: Dict[int, Any] = {}
         for key, spec in ranges.items():
             for block in _blocks(key, count):
                 if block in owner:

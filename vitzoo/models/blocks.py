@@ -1,7 +1,7 @@
 """ViT blocks other than timm's: MLLA's Mamba-like block (``block="mlla"``), around any zoo attention."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.fx
@@ -24,7 +24,7 @@ def grid_conv_tokens(attn: ZooAttention, conv: nn.Conv2d, x: torch.Tensor) -> to
     return torch.cat([x.new_zeros(B, prefix, C), grid], dim=1)
 
 
-def _depthwise(dim: int, dd: dict) -> nn.Conv2d:
+def _depthwise(dim: int, dd: Dict[str, Any]) -> nn.Conv2d:
     return nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd)
 
 
@@ -42,11 +42,14 @@ class MllaBlock(Block):
     output projection, so the attention branch has one C x C map more than MLLA's (W_out follows the gate).
     """
 
+    attn: ZooAttention  # checked in __init__
+
     def __init__(self, dim: int, num_heads: int, *args, device=None, dtype=None, **kwargs):
-        super().__init__(dim, num_heads, *args, device=device, dtype=dtype, **kwargs)
+        # *args are Block's positional options before device / dtype, which come only as keywords here
+        super().__init__(dim, num_heads, *args, device=device, dtype=dtype, **kwargs)  # type: ignore[misc]
         if not isinstance(self.attn, ZooAttention):
             raise ValueError("block='mlla' needs a zoo attention layer; build the ViT through vitzoo.create_model")
-        dd = {"device": device, "dtype": dtype}
+        dd: Dict[str, Any] = {"device": device, "dtype": dtype}
         self.cpe1, self.cpe2, self.dwc = _depthwise(dim, dd), _depthwise(dim, dd), _depthwise(dim, dd)
         self.in_proj, self.act_proj, self.out_proj = (nn.Linear(dim, dim, **dd) for _ in range(3))
 

@@ -1,7 +1,7 @@
 """ViT backbones: timm's ``VisionTransformer`` with the zoo's attention as ``attn_layer``."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch.fx
 from timm.layers import to_2tuple
@@ -65,7 +65,8 @@ def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec
     out_indices = kwargs.pop("out_indices", default_feature_levels(depth))
     if block not in BLOCKS:
         raise ValueError(f"unknown block={block!r}; choose one of {list(BLOCKS)} (train.py: +model.kwargs.block=...)")
-    block_fn, attn_layer = BLOCKS[block], None
+    block_fn: Callable[..., Any] = BLOCKS[block]
+    attn_layer = None
     if is_stack(attention):  # a mechanism per block: block i gets its own attn_layer
         layers = [attention_layer(spec, **context) for spec in block_specs(attention, depth)]
         block_fn, attn_layer = per_block(block_fn, layers), layers[0]
@@ -93,7 +94,7 @@ default_cfgs = generate_default_cfgs({
 })
 
 # Architecture shapes; anything passed to create_model overrides them.
-VIT_ARCHS = {
+VIT_ARCHS: Dict[str, Dict[str, Any]] = {
     "vit_cifar": dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_ratio=2.0, num_classes=10),
     "vit_tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
