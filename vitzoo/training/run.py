@@ -149,11 +149,10 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     threads = size_thread_pools()
     ckpt_path = cfg.get("ckpt_path")
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None  # clear errors before Lightning's
-    if checkpoint is not None:
-        _check_unfinished(checkpoint, cfg.trainer, ckpt_path)
     datamodule, module = build_run(cfg)
-    if checkpoint is not None:
+    if checkpoint is not None:  # another model's weights first: that resume could never run
         _check_resume(checkpoint, module, ckpt_path)
+        _check_unfinished(checkpoint, cfg.trainer, ckpt_path)
     run_dir = Path(cfg.paths.output_dir)
     log.info(opening_line(run_dir, module, checkpoint, ckpt_path, threads, cfg.get("seed")))
     del checkpoint
