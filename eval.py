@@ -1,5 +1,6 @@
 """Evaluate checkpoints: ``python eval.py ckpt_path=<run dir>/checkpoints/last.ckpt`` (several: a list or a
 mapping) -> clean accuracy, input corruptions, attention-logit noise and resolution sweeps (docs/robustness.md)."""
+
 from launch import check_paths, launch, refused_start_leaves_nothing  # first: names a missing train extra
 
 import hydra

@@ -5,6 +5,7 @@ Nothing here imports torch, timm or Lightning (importing ``vitzoo`` does, since 
 architectures with timm), so ``--help``, a configuration error and a missing file answer before those
 imports: the scripts import their pipeline inside ``main``, after :func:`check_paths`.
 """
+
 from __future__ import annotations
 
 import glob
@@ -20,8 +21,10 @@ try:
     import hydra  # noqa: F401  (the entry points' own import, checked here first)
     from omegaconf import DictConfig, OmegaConf
 except ModuleNotFoundError as missing:  # the library alone: `pip install vitzoo`
-    sys.exit(f"error: {missing.name} is not installed; train.py, eval.py and predict.py need vitzoo's train extra: "
-             f"pip install 'vitzoo[train]' (from a clone: pip install -e '.[train]')")
+    sys.exit(
+        f"error: {missing.name} is not installed; train.py, eval.py and predict.py need vitzoo's train extra: "
+        f"pip install 'vitzoo[train]' (from a clone: pip install -e '.[train]')"
+    )
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 _HIDDEN_GROUPS = ("hydra",)
@@ -42,7 +45,7 @@ def presets(config_name: str) -> str:
     for entry in defaults:
         if not isinstance(entry, dict):
             continue  # _self_
-        (key, chosen), = entry.items()
+        ((key, chosen),) = entry.items()
         group = key.removeprefix("override ").split("@")[0].strip("/")
         if group in _HIDDEN_GROUPS or not (CONFIGS / group).is_dir():
             continue
@@ -133,8 +136,10 @@ def check_paths(cfg: DictConfig, files: Sequence[str] = (), inputs: Sequence[str
         for path in _paths(_required(cfg, key)):
             if not os.path.isfile(path):
                 what = "is a folder" if os.path.isdir(path) else "does not exist"
-                sys.exit(f"error: {key}={path!r} {what}; pass a checkpoint file, e.g. "
-                         f"logs/train/runs/<date>_<time>/checkpoints/last.ckpt")
+                sys.exit(
+                    f"error: {key}={path!r} {what}; pass a checkpoint file, e.g. "
+                    f"logs/train/runs/<date>_<time>/checkpoints/last.ckpt"
+                )
     for key in inputs:
         for spec in _paths(_required(cfg, key)):
             if any(c in spec for c in "*?["):
@@ -143,8 +148,9 @@ def check_paths(cfg: DictConfig, files: Sequence[str] = (), inputs: Sequence[str
                 path = Path(spec).expanduser()
                 found = path.is_file() or (path.is_dir() and any(p.is_file() for p in path.iterdir()))
                 if not found and not path.exists():
-                    sys.exit(f"error: {key}={spec!r} does not exist; pass a folder, a file or a glob such as "
-                             f"'images/*.png'")
+                    sys.exit(
+                        f"error: {key}={spec!r} does not exist; pass a folder, a file or a glob such as 'images/*.png'"
+                    )
             if not found:
                 sys.exit(f"error: {key}={spec!r} holds no files; pass a folder of images, an image or a glob")
     data = cfg.get("data")

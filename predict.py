@@ -1,5 +1,6 @@
 """Segment images with a segmentation checkpoint: ``python predict.py ckpt_path=... input=... output=...``
 (configs/predict.yaml; see docs/segmentation.md). In Python: ``vitzoo.segmentation.predict(...)``."""
+
 import hydra
 from omegaconf import DictConfig
 
@@ -14,12 +15,23 @@ def main(cfg: DictConfig) -> None:
         from vitzoo.utils import user_errors
 
         with user_errors():
-            summary = predict(cfg.ckpt_path, cfg.input, cfg.output, masks=cfg.masks, window=cfg.window,
-                              overlap=cfg.overlap, flip=cfg.flip, probs=cfg.probs, batch_size=cfg.batch_size,
-                              device=cfg.device)
-    print(f"{summary['images']} images -> {summary['output']} in {summary['seconds']:.1f} s "
-          f"({summary['images_per_s']:.2f} images/s on {summary['device']}), peak "
-          f"{summary['peak_memory_kind']} {summary['peak_memory_mib']:.0f} MiB")
+            summary = predict(
+                cfg.ckpt_path,
+                cfg.input,
+                cfg.output,
+                masks=cfg.masks,
+                window=cfg.window,
+                overlap=cfg.overlap,
+                flip=cfg.flip,
+                probs=cfg.probs,
+                batch_size=cfg.batch_size,
+                device=cfg.device,
+            )
+    print(
+        f"{summary['images']} images -> {summary['output']} in {summary['seconds']:.1f} s "
+        f"({summary['images_per_s']:.2f} images/s on {summary['device']}), peak "
+        f"{summary['peak_memory_kind']} {summary['peak_memory_mib']:.0f} MiB"
+    )
     if "scores" in summary:
         print("scores:", format_scores(summary["scores"]))
 

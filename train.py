@@ -1,4 +1,5 @@
 """Train an image classifier: ``python train.py model=vit_linear`` (configs in configs/, see README)."""
+
 from typing import Optional
 
 from launch import check_paths, launch, refused_start_leaves_nothing  # first: names a missing train extra

@@ -37,6 +37,7 @@ On CPU the naive formula's time depends on glibc's heap state: with the default 
 same n) left a large heap behind. ``--retain-freed-memory`` (eval.py's setting) gives every
 mechanism a warm heap, so the times do not depend on the order the cases ran in.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,9 +91,11 @@ def _feature_map(kind: str, head_dim: int, device: torch.device) -> torch.nn.Mod
 
 def kernel_module(kind: str):
     """Linear attention with a feature-map module's precomputed features, on the fused path."""
+
     def run(q, k, v):
         phi = _feature_map(kind, q.shape[-1], q.device)
         return AF.linear_attention(phi(q, True), phi(k, False), v, "identity")
+
     return run
 
 
@@ -103,6 +106,7 @@ def sdpa_backend(backend: str):
     def run(q, k, v):
         with sdpa_kernel(getattr(SDPBackend, backend)):
             return F.scaled_dot_product_attention(q, k, v)
+
     return run
 
 
@@ -116,7 +120,7 @@ def fla_chunk(q, k, v):
 
 @functools.lru_cache(maxsize=None)
 def _token_projection(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(256, n, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0)) / n ** 0.5
+    return torch.randn(256, n, device=device, dtype=dtype, generator=torch.Generator(device).manual_seed(0)) / n**0.5
 
 
 def _grid(n: int):
@@ -139,8 +143,9 @@ MECHANISMS = {
     "focused_linear": kernel_module("focused"),  # the attention term (the 5x5 conv on V is the module's)
     "hydra": lambda q, k, v: hydra_attention(q, k, v),
     "nystrom": lambda q, k, v: nystrom_attention(q, k, v, num_landmarks=64),
-    "linformer": lambda q, k, v: linformer_attention(q, k, v, _token_projection(k.shape[-2], k.device, k.dtype),
-                                                     _token_projection(v.shape[-2], v.device, v.dtype)),  # k = 256
+    "linformer": lambda q, k, v: linformer_attention(
+        q, k, v, _token_projection(k.shape[-2], k.device, k.dtype), _token_projection(v.shape[-2], v.device, v.dtype)
+    ),  # k = 256
     "agent": lambda q, k, v: agent_attention(q, k, v, grid=_grid(q.shape[-2])),  # 7x7 agents
     "window": lambda q, k, v: window_attention(q, k, v, grid=_grid(q.shape[-2]), window_size=7),
     "fla_chunk": fla_chunk,
@@ -156,32 +161,57 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--layout", choices=LAYOUTS, default="bhnd",
-                   help="bnhd: q, k, v are (B, H, N, D) views of (B, N, H, D) tensors (timm's qkv, fla's layout)")
-    p.add_argument("--accuracy", action="store_true",
-                   help="also bf16 and fp16 at the largest n, std-3 inputs: the fused path against float64")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="bhnd",
+        help="bnhd: q, k, v are (B, H, N, D) views of (B, N, H, D) tensors (timm's qkv, fla's layout)",
+    )
+    p.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="also bf16 and fp16 at the largest n, std-3 inputs: the fused path against float64",
+    )
     p.add_argument("--min-n", type=int, default=256)
     p.add_argument("--max-n", type=int, default=65536)
-    p.add_argument("--softmax-max-n", type=int, default=None,
-                   help="skip softmax above this n (default: 16384 on CPU, where 64k takes minutes)")
+    p.add_argument(
+        "--softmax-max-n",
+        type=int,
+        default=None,
+        help="skip softmax above this n (default: 16384 on CPU, where 64k takes minutes)",
+    )
     p.add_argument("--mechanisms", default=None, help="comma list from " + ",".join(MECHANISMS))
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per case (after one warm-up)")
     p.add_argument("--stat", choices=("min", "median"), default="min", help="how repetitions are summarised")
     p.add_argument("--case-seconds", type=float, default=30.0, help="fewer reps for cases slower than this")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--out", default="benchmarks/results", help="folder for the CSV and PNG")
-    p.add_argument("--e2e", action="store_true",
-                   help="also ViT-Tiny at 1024x1024 patch 8: inference and training-step img/s, linear vs softmax")
+    p.add_argument(
+        "--e2e",
+        action="store_true",
+        help="also ViT-Tiny at 1024x1024 patch 8: inference and training-step img/s, linear vs softmax",
+    )
     p.add_argument("--e2e-only", action="store_true", help="only the end-to-end comparison (no sweep)")
     p.add_argument("--e2e-reps", type=int, default=2)
-    p.add_argument("--e2e-compile", default=None, metavar="BACKEND",
-                   help="also torch.compile(backend=BACKEND) of the linear model: its logits against eager, its img/s")
+    p.add_argument(
+        "--e2e-compile",
+        default=None,
+        metavar="BACKEND",
+        help="also torch.compile(backend=BACKEND) of the linear model: its logits against eager, its img/s",
+    )
     p.add_argument("--e2e-batch", type=int, default=None, help="default: 8 on CUDA, 1 on CPU")
     p.add_argument("--e2e-img-size", type=int, default=1024, help="a multiple of the patch size 8")
-    p.add_argument("--e2e-modes", default=None, help="comma list from inference,train (default: both on CUDA; "
-                   "inference on CPU, where softmax's 16k-token training step takes minutes)")
-    p.add_argument("--retain-freed-memory", action="store_true",
-                   help="CPU: keep freed blocks in glibc's heap for every mechanism (see the module docstring)")
+    p.add_argument(
+        "--e2e-modes",
+        default=None,
+        help="comma list from inference,train (default: both on CUDA; "
+        "inference on CPU, where softmax's 16k-token training step takes minutes)",
+    )
+    p.add_argument(
+        "--retain-freed-memory",
+        action="store_true",
+        help="CPU: keep freed blocks in glibc's heap for every mechanism (see the module docstring)",
+    )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.device = torch.device(args.device)
@@ -190,21 +220,26 @@ def parse_args(argv=None):
     args.dtype = DTYPES[args.dtype or ("bf16" if args.device.type == "cuda" else "fp32")]
     if args.softmax_max_n is None:
         args.softmax_max_n = 16384 if args.device.type == "cpu" else args.max_n
-    names = args.mechanisms.split(",") if args.mechanisms else [
-        m for m in MECHANISMS if m not in CUDA_ONLY or args.device.type == "cuda"]
+    names = (
+        args.mechanisms.split(",")
+        if args.mechanisms
+        else [m for m in MECHANISMS if m not in CUDA_ONLY or args.device.type == "cuda"]
+    )
     unknown = set(names) - set(MECHANISMS)
     if unknown:
         p.error(f"unknown mechanisms {sorted(unknown)}; choose from {list(MECHANISMS)}")
     args.mechanisms = names
-    args.sizes = [n for n in (2 ** e for e in range(4, 21)) if args.min_n <= n <= args.max_n]
+    args.sizes = [n for n in (2**e for e in range(4, 21)) if args.min_n <= n <= args.max_n]
     cuda = args.device.type == "cuda"
     args.e2e_batch = args.e2e_batch or (8 if cuda else 1)
     args.e2e_modes = (args.e2e_modes or ("inference,train" if cuda else "inference")).split(",")
     if set(args.e2e_modes) - {"inference", "train"}:
         p.error(f"--e2e-modes {','.join(args.e2e_modes)}: choose from inference,train")
     if args.e2e_img_size % 8 or args.e2e_img_size <= 0 or args.e2e_batch <= 0:
-        p.error(f"--e2e-img-size {args.e2e_img_size} / --e2e-batch {args.e2e_batch}: give a positive multiple of "
-                "the patch size 8 and a positive batch")
+        p.error(
+            f"--e2e-img-size {args.e2e_img_size} / --e2e-batch {args.e2e_batch}: give a positive multiple of "
+            "the patch size 8 and a positive batch"
+        )
     return args
 
 
@@ -290,8 +325,11 @@ def time_all(args):
                         samples[m].append(timed(lambda: call(m, mode, qkv, dout), args.device))
             for m in names:
                 results[(m, n, mode)] = summarise(samples[m] or [first[m]], args)
-            print(f"  n={n:6d} {mode:8s} " + "  ".join(f"{m} {results[(m, n, mode)] * 1e3:.2f}ms" for m in names),
-                  file=sys.stderr, flush=True)
+            print(
+                f"  n={n:6d} {mode:8s} " + "  ".join(f"{m} {results[(m, n, mode)] * 1e3:.2f}ms" for m in names),
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 
@@ -339,12 +377,16 @@ def memory_all(args, argv):
     """{(name, n, mode): peak bytes}: on CUDA in this process (its allocator's peak is reset per case), on CPU one
     fresh subprocess per mechanism."""
     if args.device.type == "cuda":
-        return {(name, int(key.split(",")[0]), key.split(",")[1]): peak
-                for name in args.mechanisms for key, peak in peaks(name, args).items()}
+        return {
+            (name, int(key.split(",")[0]), key.split(",")[1]): peak
+            for name in args.mechanisms
+            for key, peak in peaks(name, args).items()
+        }
     results = {}
     for name in args.mechanisms:
-        proc = subprocess.run([sys.executable, __file__, *argv, "--memory-worker", name],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, *argv, "--memory-worker", name], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             print(f"memory pass for {name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
             continue
@@ -360,7 +402,7 @@ def matmul_rate(device, dtype) -> float:
     a = torch.randn(2048, 2048, device=device, dtype=dtype)
     a @ a
     t = min(timed(lambda: a @ a, device) for _ in range(5))
-    return 2 * 2048 ** 3 / t
+    return 2 * 2048**3 / t
 
 
 def copy_bandwidth(device) -> float:
@@ -388,12 +430,17 @@ def floor_seconds(name: str, n: int, mode: str, args, rate: float) -> float:
 def report(args, times, memory, rate) -> None:
     fused = fused_name(args.device)
     names = args.mechanisms
-    hw = (torch.cuda.get_device_name(args.device) if args.device.type == "cuda"
-          else f"CPU, {torch.get_num_threads()} threads, "
-               + ("freed memory retained" if args.retain_freed_memory else "default allocator"))
+    hw = (
+        torch.cuda.get_device_name(args.device)
+        if args.device.type == "cuda"
+        else f"CPU, {torch.get_num_threads()} threads, "
+        + ("freed memory retained" if args.retain_freed_memory else "default allocator")
+    )
     unit = "TFLOP/s sgemm" if args.device.type == "cpu" else "TB/s copy"
-    print(f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]} "
-          f"{args.layout}; floor rate {rate / 1e12:.3f} {unit}")
+    print(
+        f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]} "
+        f"{args.layout}; floor rate {rate / 1e12:.3f} {unit}"
+    )
     for name, reason in args.refused.items():
         print(f"not run: {name} ({reason})")
     for mode in MODES:
@@ -404,22 +451,31 @@ def report(args, times, memory, rate) -> None:
             t = [times.get((m, n, mode)) for m in names]
             ref = times.get((fused, n, mode))
             cells = [f"{x * 1e3:.2f}" if x else "-" for x in t]
-            ratios = [f"{times[(m, n, mode)] / ref:.2f}x" if (m, n, mode) in times and ref else "-"
-                      for m in names if m != fused]
+            ratios = [
+                f"{times[(m, n, mode)] / ref:.2f}x" if (m, n, mode) in times and ref else "-"
+                for m in names
+                if m != fused
+            ]
             print(f"| {n} | " + " | ".join(cells + ratios) + " |")
     if memory:
         print("\n## peak memory above the inputs, MB (fwd / fwd+bwd)")
         print("| n | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
         for n in args.sizes:
-            cells = [" / ".join(f"{memory[(m, n, mode)] / 2**20:.1f}" if (m, n, mode) in memory else "-"
-                                for mode in MODES) for m in names]
+            cells = [
+                " / ".join(f"{memory[(m, n, mode)] / 2**20:.1f}" if (m, n, mode) in memory else "-" for mode in MODES)
+                for m in names
+            ]
             print(f"| {n} | " + " | ".join(cells) + " |")
     floor = "FLOPs / sgemm rate" if args.device.type == "cpu" else "bytes / copy bandwidth"
     print(f"\n## fraction of the floor, fwd+bwd ({floor})")
     print("| n | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     for n in args.sizes:
-        cells = [f"{floor_seconds(m, n, 'fwd+bwd', args, rate) / times[(m, n, 'fwd+bwd')]:.2f}"
-                 if (m, n, "fwd+bwd") in times else "-" for m in names]
+        cells = [
+            f"{floor_seconds(m, n, 'fwd+bwd', args, rate) / times[(m, n, 'fwd+bwd')]:.2f}"
+            if (m, n, "fwd+bwd") in times
+            else "-"
+            for m in names
+        ]
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
@@ -429,14 +485,41 @@ def write_files(args, times, memory, rate) -> Path:
     stem = out / f"attention_{args.device.type}"
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["device", "dtype", "batch", "heads", "head_dim", "mechanism", "n", "mode", "ms", "peak_mb",
-                    "floor_ms", "floor_fraction"])
+        w.writerow(
+            [
+                "device",
+                "dtype",
+                "batch",
+                "heads",
+                "head_dim",
+                "mechanism",
+                "n",
+                "mode",
+                "ms",
+                "peak_mb",
+                "floor_ms",
+                "floor_fraction",
+            ]
+        )
         for (m, n, mode), t in sorted(times.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
             floor = floor_seconds(m, n, mode, args, rate)
             peak = memory.get((m, n, mode))
-            w.writerow([args.device.type, str(args.dtype)[6:], args.batch, args.heads, args.head_dim, m, n, mode,
-                        f"{t * 1e3:.4f}", "" if peak is None else f"{peak / 2**20:.2f}", f"{floor * 1e3:.4f}",
-                        f"{floor / t:.4f}"])
+            w.writerow(
+                [
+                    args.device.type,
+                    str(args.dtype)[6:],
+                    args.batch,
+                    args.heads,
+                    args.head_dim,
+                    m,
+                    n,
+                    mode,
+                    f"{t * 1e3:.4f}",
+                    "" if peak is None else f"{peak / 2**20:.2f}",
+                    f"{floor * 1e3:.4f}",
+                    f"{floor / t:.4f}",
+                ]
+            )
     plot(stem.with_suffix(".png"), args, times, memory)
     return stem
 
@@ -449,7 +532,8 @@ def plot(path: Path, args, times, memory) -> None:
     import matplotlib.pyplot as plt
 
     panels = [("fwd", "forward, ms"), ("fwd+bwd", "forward + backward, ms")] + (
-        [("mem", "peak memory fwd+bwd, MB")] if memory else [])
+        [("mem", "peak memory fwd+bwd, MB")] if memory else []
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, 4))
     colours = plt.get_cmap("tab20").colors  # 13+ mechanisms: the default cycle repeats after 10
     for ax, (what, label) in zip(axes, panels):
@@ -458,9 +542,15 @@ def plot(path: Path, args, times, memory) -> None:
             key_mode = "fwd+bwd" if what == "mem" else what
             pts = [(n, src[(m, n, key_mode)]) for n in args.sizes if (m, n, key_mode) in src]
             if pts:
-                scale = 2 ** -20 if what == "mem" else 1e3
-                ax.plot([p[0] for p in pts], [max(p[1] * scale, 1e-3) for p in pts], marker="os^D"[i % 4],
-                        markersize=4, color=colours[2 * i % 20 + (2 * i // 20) % 2], label=m)
+                scale = 2**-20 if what == "mem" else 1e3
+                ax.plot(
+                    [p[0] for p in pts],
+                    [max(p[1] * scale, 1e-3) for p in pts],
+                    marker="os^D"[i % 4],
+                    markersize=4,
+                    color=colours[2 * i % 20 + (2 * i // 20) % 2],
+                    label=m,
+                )
         ax.set(xscale="log", yscale="log", xlabel="tokens n", title=label)
         ax.grid(True, which="both", alpha=0.3)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="center right")
@@ -490,8 +580,10 @@ def e2e(args) -> None:
 
     size, batch, cuda = args.e2e_img_size, args.e2e_batch, args.device.type == "cuda"
     tokens = (size // 8) ** 2
-    models = {att: vitzoo.create_model("vit_tiny", attention=att, img_size=size, patch_size=8).to(args.device)
-              for att in ("linear", "softmax")}
+    models = {
+        att: vitzoo.create_model("vit_tiny", attention=att, img_size=size, patch_size=8).to(args.device)
+        for att in ("linear", "softmax")
+    }
     optimizers = {att: torch.optim.AdamW(m.parameters(), lr=1e-4) for att, m in models.items()}
     x = torch.randn(batch, 3, size, size, device=args.device)
     autocast = torch.autocast(args.device.type, dtype=args.dtype, enabled=args.dtype != torch.float32)
@@ -511,16 +603,26 @@ def e2e(args) -> None:
                 elif cuda:
                     peak[att] = (torch.cuda.max_memory_allocated(args.device) - base) / 2**20
         for att in models:
-            rows.append(dict(mode=mode, model=f"vit_{att}", img_per_s=batch / summarise(samples[att], args),
-                             peak_mb=peak.get(att)))
-    print(f"\n## end to end: ViT-Tiny {size}x{size} patch 8 ({tokens:,} tokens), batch {batch}, {args.device.type} "
-          f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps} (peak: above the weights and inputs)")
+            rows.append(
+                dict(
+                    mode=mode,
+                    model=f"vit_{att}",
+                    img_per_s=batch / summarise(samples[att], args),
+                    peak_mb=peak.get(att),
+                )
+            )
+    print(
+        f"\n## end to end: ViT-Tiny {size}x{size} patch 8 ({tokens:,} tokens), batch {batch}, {args.device.type} "
+        f"{str(args.dtype)[6:]}, {args.stat} of {args.e2e_reps} (peak: above the weights and inputs)"
+    )
     print("| mode | model | img/s | peak MB |\n|---|---|---|---|")
     for r in rows:
         print(_e2e_line(r))
     for mode in args.e2e_modes:
-        lin, soft = (next(r["img_per_s"] for r in rows if r["mode"] == mode and r["model"] == m)
-                     for m in ("vit_linear", "vit_softmax"))
+        lin, soft = (
+            next(r["img_per_s"] for r in rows if r["mode"] == mode and r["model"] == m)
+            for m in ("vit_linear", "vit_softmax")
+        )
         print(f"{mode}: vit_linear / vit_softmax img/s = {lin / soft:.2f}x", flush=True)
     _write_e2e_csv(rows, args, size, tokens, batch)
     if args.e2e_compile:  # after the table and CSV are out: a compile stopped by a time limit leaves them
@@ -539,11 +641,24 @@ def _write_e2e_csv(rows, args, size: int, tokens: int, batch: int) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["device", "dtype", "model", "img_size", "patch_size", "tokens", "batch", "mode", "img_per_s",
-                         "peak_mb"])
+        writer.writerow(
+            ["device", "dtype", "model", "img_size", "patch_size", "tokens", "batch", "mode", "img_per_s", "peak_mb"]
+        )
         for r in rows:
-            writer.writerow([args.device.type, str(args.dtype)[6:], r["model"], size, 8, tokens, batch, r["mode"],
-                             f"{r['img_per_s']:.4g}", "" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"])
+            writer.writerow(
+                [
+                    args.device.type,
+                    str(args.dtype)[6:],
+                    r["model"],
+                    size,
+                    8,
+                    tokens,
+                    batch,
+                    r["mode"],
+                    f"{r['img_per_s']:.4g}",
+                    "" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}",
+                ]
+            )
 
 
 def compiled_row(model, x, args, autocast) -> dict:
@@ -554,13 +669,19 @@ def compiled_row(model, x, args, autocast) -> dict:
         eager, first = model(x).float(), compiled(x).float()  # the first compiled call compiles
         err = ((first - eager).norm() / eager.norm()).item()
         times = [timed(lambda: compiled(x), args.device) for _ in range(args.e2e_reps)]
-    print(f"torch.compile(backend={args.e2e_compile}) of vit_linear: logits relative error {err:.2e} against eager",
-          flush=True)
-    return dict(mode="inference", model=f"vit_linear compiled ({args.e2e_compile}, rel err {err:.1e})",
-                img_per_s=len(x) / summarise(times, args), peak_mb=None)
+    print(
+        f"torch.compile(backend={args.e2e_compile}) of vit_linear: logits relative error {err:.2e} against eager",
+        flush=True,
+    )
+    return dict(
+        mode="inference",
+        model=f"vit_linear compiled ({args.e2e_compile}, rel err {err:.1e})",
+        img_per_s=len(x) / summarise(times, args),
+        peak_mb=None,
+    )
 
 
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
 def accuracy(args) -> None:
@@ -581,8 +702,10 @@ def accuracy(args) -> None:
             err = ((got.double() - want).norm() / want.norm()).item()
             rows.append((str(dtype)[6:], what, bool(torch.isfinite(got).all()), err, err / UNIT_ROUNDOFF[dtype]))
         del qkv, dout, out, grads, ref_in, ref, ref_grads
-    print(f"\n## accuracy: {fused} at n={n}, std-3 inputs, against float64 (B={args.batch} H={args.heads} "
-          f"D={args.head_dim})")
+    print(
+        f"\n## accuracy: {fused} at n={n}, std-3 inputs, against float64 (B={args.batch} H={args.heads} "
+        f"D={args.head_dim})"
+    )
     print("| dtype | tensor | finite | relative error | / unit roundoff |\n|---|---|---|---|---|")
     for dtype, what, finite, err, units in rows:
         print(f"| {dtype} | {what} | {finite} | {err:.2e} | {units:.2f} |")
@@ -614,8 +737,11 @@ def main(argv=None) -> None:
     for name, reason in args.refused.items():
         print(f"not run: {name} ({reason})", file=sys.stderr)
     args.mechanisms = [m for m in args.mechanisms if m not in args.refused]
-    floor_rate = (lambda: matmul_rate(args.device, torch.float32)) if args.device.type == "cpu" else (
-        lambda: copy_bandwidth(args.device))
+    floor_rate = (
+        (lambda: matmul_rate(args.device, torch.float32))
+        if args.device.type == "cpu"
+        else (lambda: copy_bandwidth(args.device))
+    )
     rate = floor_rate()
     times = time_all(args)
     rate = max(rate, floor_rate())  # measured before and after: the better one is the machine's rate

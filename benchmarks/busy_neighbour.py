@@ -17,6 +17,7 @@ The "alone" columns show what each setting costs on a quiet machine.
     python benchmarks/busy_neighbour.py --repeats 3 --csv busy.csv
     python benchmarks/busy_neighbour.py --epochs 1 --override data=synthetic --override data.num_train=64  # a quick try
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,11 @@ from pathlib import Path
 
 from train_run import train_once
 
-WAITS = {"passive": {}, "short": {"GOMP_SPINCOUNT": "10000"},  # env on top of one without any wait setting
-         "spin": {"GOMP_SPINCOUNT": "300000"}}
+WAITS = {
+    "passive": {},
+    "short": {"GOMP_SPINCOUNT": "10000"},  # env on top of one without any wait setting
+    "spin": {"GOMP_SPINCOUNT": "300000"},
+}
 BUSY_LOOP = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
 
 
@@ -40,8 +44,9 @@ def train(preset: str, wait: str, epochs: int, overrides, work: Path) -> tuple[f
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(WAITS[wait])
     run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
-    wall, cpu, _ = train_once([f"model={preset}", f"trainer.max_epochs={epochs}", "callbacks.export_best=null",
-                               *overrides], run_dir, env)
+    wall, cpu, _ = train_once(
+        [f"model={preset}", f"trainer.max_epochs={epochs}", "callbacks.export_best=null", *overrides], run_dir, env
+    )
     return wall, cpu
 
 
@@ -76,8 +81,10 @@ def main() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("needs 2 or more usable CPUs: the neighbour takes one of them")
-    print(f"{len(cpus)} CPUs, neighbour on CPU {cpus[-1]}; {args.epochs} epoch(s) per run, {args.repeats} round(s)",
-          flush=True)
+    print(
+        f"{len(cpus)} CPUs, neighbour on CPU {cpus[-1]}; {args.epochs} epoch(s) per run, {args.repeats} round(s)",
+        flush=True,
+    )
 
     times = {(p, w, busy): [] for p in presets for w in waits for busy in (False, True)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,10 +100,21 @@ def main() -> None:
     rows = []
     for preset in presets:
         for wait in waits:
-            alone, busy = ([statistics.median(x[i] for x in times[preset, wait, b]) for i in (0, 1)]
-                           for b in (False, True))
-            rows.append([preset, wait, f"{alone[0]:.1f}", f"{alone[1]:.1f}", f"{busy[0]:.1f}", f"{busy[1]:.1f}",
-                         f"{busy[0] / alone[0]:.2f}x", f"{busy[1] / alone[1]:.2f}x"])
+            alone, busy = (
+                [statistics.median(x[i] for x in times[preset, wait, b]) for i in (0, 1)] for b in (False, True)
+            )
+            rows.append(
+                [
+                    preset,
+                    wait,
+                    f"{alone[0]:.1f}",
+                    f"{alone[1]:.1f}",
+                    f"{busy[0]:.1f}",
+                    f"{busy[1]:.1f}",
+                    f"{busy[0] / alone[0]:.2f}x",
+                    f"{busy[1] / alone[1]:.2f}x",
+                ]
+            )
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

@@ -15,6 +15,7 @@ One run on ``--images`` CIFAR images (2,000: the first 200 of each class) at 32 
 
 ``--out`` also writes the rows as CSV.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,6 +96,7 @@ def reference_module():
         return None
     sys.path.insert(0, str(ROOT / "tests"))
     import corruption_reference
+
     return corruption_reference.load()
 
 
@@ -118,39 +120,55 @@ def main(argv=None) -> None:
         if unknown:
             raise SystemExit(f"--corruptions: unknown {unknown}; choose from {names}")
         names = [n for n in names if n in args.corruptions.split(",")]
-    print(f"# {len(x)} CIFAR-10 images (32 px), batch {args.batch}; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s)")
+    print(
+        f"# {len(x)} CIFAR-10 images (32 px), batch {args.batch}; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s)"
+    )
 
     for name in names:  # build caches (frost images, glass schedules) outside the timings
         corrupt(x[:8], name, 3, protocol="cifar")
         corrupt(x[:8], name, 3, protocol="imagenet")
     fwd = forward_seconds(x, args.batch, args.forward_repeats)
-    print(f"\nzoo ViT (vit_cifar, softmax) forward: {fwd:.2f} s for {len(x)} images = {len(x) / fwd:,.0f} img/s "
-          f"(median of {args.forward_repeats})\n")
+    print(
+        f"\nzoo ViT (vit_cifar, softmax) forward: {fwd:.2f} s for {len(x)} images = {len(x) / fwd:,.0f} img/s "
+        f"(median of {args.forward_repeats})\n"
+    )
     print("| corruption | vitzoo img/s (CIFAR-10-C, severities 1-5) | one pass / ViT forward |")
     print("|---|---|---|")
     rows = []
     for name in names:
         seconds = [timed(lambda: corruption_pass(x, name, s, "cifar", args.batch)) for s in range(1, 6)]
         per_pass = sum(seconds) / len(seconds)
-        rows.append({"corruption": name, "extra": name in list_corruptions("extra"),
-                     "vitzoo_cifar_img_s": len(x) / per_pass, "pass_over_forward": per_pass / fwd})
+        rows.append(
+            {
+                "corruption": name,
+                "extra": name in list_corruptions("extra"),
+                "vitzoo_cifar_img_s": len(x) / per_pass,
+                "pass_over_forward": per_pass / fwd,
+            }
+        )
         print(f"| {name}{' (extra)' if rows[-1]['extra'] else ''} | {len(x) / per_pass:,.0f} | {per_pass / fwd:.3f} |")
     bench = [r for r in rows if not r["extra"]]
     total = sum(r["pass_over_forward"] for r in bench) * 5
-    print(f"\nthe {len(bench)} x 5 sweep: corruptions {total:.1f} forward passes' time beside the {5 * len(bench)} "
-          f"forward passes ({100 * total / (total + 5 * len(bench)):.0f}% of the sweep)")
+    print(
+        f"\nthe {len(bench)} x 5 sweep: corruptions {total:.1f} forward passes' time beside the {5 * len(bench)} "
+        f"forward passes ({100 * total / (total + 5 * len(bench)):.0f}% of the sweep)"
+    )
 
     ref = reference_module()
     if ref is None:
-        print("\nimagecorruptions is not installed: `pip install --no-deps imagecorruptions==1.1.2 scikit-image` "
-              "for the comparison")
+        print(
+            "\nimagecorruptions is not installed: `pip install --no-deps imagecorruptions==1.1.2 scikit-image` "
+            "for the comparison"
+        )
     else:
-        sub = x[:args.reference_images]
+        sub = x[: args.reference_images]
         u8 = [(im * 255).round().byte().permute(1, 2, 0).numpy() for im in sub]
-        print(f"\n| corruption (severity 3, ImageNet-C constants, {len(sub)} images) | vitzoo img/s | "
-              f"imagecorruptions img/s | vitzoo / imagecorruptions |")
+        print(
+            f"\n| corruption (severity 3, ImageNet-C constants, {len(sub)} images) | vitzoo img/s | "
+            f"imagecorruptions img/s | vitzoo / imagecorruptions |"
+        )
         print("|---|---|---|---|")
         for row in rows:
             name = row["corruption"]

@@ -9,6 +9,7 @@ GPU machine, where it never touches the CPU per batch).
     python benchmarks/data_path.py --data ../shared/data/cifar10-train-jpg.tar.gz
     python benchmarks/data_path.py --data <tree> --device cuda --batch-size 512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,31 @@ CIFAR_STATS = dict(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
 
 def folder_module(data: str, img_size: int, batch_size: int, device_cache: bool, **kwargs) -> ImageFolderDataModule:
     """The image folder (or CIFAR .tar.gz) ``data`` as a set-up data module (CIFAR-10 statistics, 10% val)."""
-    dm = ImageFolderDataModule(str(resolve_data(Path(data))), img_size=img_size, batch_size=batch_size,
-                               val_fraction=0.1, device_cache=device_cache, **CIFAR_STATS, **kwargs)
+    dm = ImageFolderDataModule(
+        str(resolve_data(Path(data))),
+        img_size=img_size,
+        batch_size=batch_size,
+        val_fraction=0.1,
+        device_cache=device_cache,
+        **CIFAR_STATS,
+        **kwargs,
+    )
     dm.setup("fit")
     return dm
 
 
 def device_batches(dm: ImageFolderDataModule, device) -> DeviceBatches:
     """Training batches of ``dm``'s decoded split on ``device`` (basic policy: pad-crop and flip)."""
-    return DeviceBatches(*dm.device_splits["train"], dm.batch_size, dm.mean, dm.std, train=True, device=device,
-                         crop_padding=CROP_PADDING, hflip=HFLIP)
+    return DeviceBatches(
+        *dm.device_splits["train"],
+        dm.batch_size,
+        dm.mean,
+        dm.std,
+        train=True,
+        device=device,
+        crop_padding=CROP_PADDING,
+        hflip=HFLIP,
+    )
 
 
 def endless(loader):
@@ -109,8 +125,10 @@ def main(argv=None) -> None:
         rate, cpu = _rate(loader, args.batches, device)
         rows.append((f"device path on {device.type}, cache {label}", f"{setup_s:.1f} s", rate, cpu))
 
-    print(f"# {len(dm.device_splits['train'][1])} training images at {args.img_size} px, batch {args.batch_size}, "
-          f"{args.batches} batches; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"# {len(dm.device_splits['train'][1])} training images at {args.img_size} px, batch {args.batch_size}, "
+        f"{args.batches} batches; torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print("| data path | one-time setup | img/s | CPU s per 1,000 img (workers included) | img/s vs the first row |")
     print("|---|---|---|---|---|")
     for name, setup, rate, cpu in rows:

@@ -12,6 +12,7 @@ and the network converted from it), then loaded the way a segmentation user does
 (after a warm-up at ``--warmup-size``) and reports the peak resident memory above its level after loading the
 model (``VmHWM``, reset via ``/proc/self/clear_refs``). Cost does not depend on the weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,7 @@ def worker(export_dir: str, img_size: int, reps: int, warmup_size: int) -> dict:
             start = time.perf_counter()
             maps = model(x)
             times.append(time.perf_counter() - start)
-    return {"seconds": min(times), "peak_mb": status_mib("VmHWM") - base,
-            "shapes": [list(m.shape) for m in maps]}
+    return {"seconds": min(times), "peak_mb": status_mib("VmHWM") - base, "shapes": [list(m.shape) for m in maps]}
 
 
 def export_patch_size(export_dir: Path) -> int:
@@ -58,9 +58,21 @@ def measure(exports: dict, args) -> dict:
     """Each export's worker result, one fresh process per export, one after the other."""
     results = {}
     for name, export_dir in exports.items():
-        proc = subprocess.run([sys.executable, __file__, "--worker", str(export_dir), str(args.img_size),
-                               "--reps", str(args.reps), "--warmup-size", str(args.warmup_size or args.img_size)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(export_dir),
+                str(args.img_size),
+                "--reps",
+                str(args.reps),
+                "--warmup-size",
+                str(args.warmup_size or args.img_size),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             raise SystemExit(f"{name} failed:\n{proc.stderr[-2000:]}")
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -85,10 +97,19 @@ def main(argv=None) -> None:
     p.add_argument("--patch-size", type=int, default=8)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--warmup-size", type=int, default=None, help="the warm-up pass's image size (default --img-size)")
-    p.add_argument("--attentions", nargs="+", default=list(ATTENTIONS), metavar="NAME",
-                   help="registered mechanisms to export and time (default: linear softmax)")
-    p.add_argument("--exports", nargs="+", metavar="NAME=DIR",
-                   help="time these export folders instead of random-weight vit_cifar exports")
+    p.add_argument(
+        "--attentions",
+        nargs="+",
+        default=list(ATTENTIONS),
+        metavar="NAME",
+        help="registered mechanisms to export and time (default: linear softmax)",
+    )
+    p.add_argument(
+        "--exports",
+        nargs="+",
+        metavar="NAME=DIR",
+        help="time these export folders instead of random-weight vit_cifar exports",
+    )
     p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -110,8 +131,10 @@ def main(argv=None) -> None:
                 export_model(model, Path(tmp) / att, head=False)
             results = measure({att: Path(tmp) / att for att in args.attentions}, args)
     tokens = (args.img_size // patch) ** 2
-    print(f"# features_only from a local-dir export ({what}), patch {patch}, {args.img_size}x{args.img_size} "
-          f"({tokens:,} tokens), batch 1, CPU {torch.get_num_threads()} threads, best of {args.reps}")
+    print(
+        f"# features_only from a local-dir export ({what}), patch {patch}, {args.img_size}x{args.img_size} "
+        f"({tokens:,} tokens), batch 1, CPU {torch.get_num_threads()} threads, best of {args.reps}"
+    )
     print(f"feature maps: {next(iter(results.values()))['shapes']}")
     print("| export | seconds | img/s | peak MB above the loaded model |\n|---|---|---|---|")
     for name, r in results.items():

@@ -10,6 +10,7 @@ disturbed by other work on the machine). No model: images/s is what the loader h
 
     python benchmarks/loader_throughput.py --out docs/benchmarks/loader_cpu
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,11 @@ from vitzoo.data.shards import ShardsDataModule
 def photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """A synthetic photograph: a colour gradient, a few filled ellipses and rectangles, mild sensor noise."""
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    base = rng.uniform(0, 255, 3) + rng.uniform(-120, 120, 3) * (x / w)[..., None] + \
-        rng.uniform(-120, 120, 3) * (y / h)[..., None]
+    base = (
+        rng.uniform(0, 255, 3)
+        + rng.uniform(-120, 120, 3) * (x / w)[..., None]
+        + rng.uniform(-120, 120, 3) * (y / h)[..., None]
+    )
     image = np.clip(base, 0, 255).astype(np.uint8)
     for _ in range(rng.integers(4, 10)):
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
@@ -94,9 +98,10 @@ def main(argv=None) -> None:
     jpeg_mb, shard_mb = folder_bytes(work / "jpeg") / 2**20, folder_bytes(shards) / 2**20
 
     common = dict(img_size=224, batch_size=args.batch_size, recipe="deit")
-    paths = {"imagefolder": lambda w: ImageFolderDataModule(str(work / "jpeg"), val_fraction=0.1, num_workers=w,
-                                                            **common),
-             "shards": lambda w: ShardsDataModule(str(shards), num_workers=w, **common)}
+    paths = {
+        "imagefolder": lambda w: ImageFolderDataModule(str(work / "jpeg"), val_fraction=0.1, num_workers=w, **common),
+        "shards": lambda w: ShardsDataModule(str(shards), num_workers=w, **common),
+    }
     best = {}
     for _ in range(args.rounds):
         for workers in (int(w) for w in args.workers.split(",")):
@@ -105,15 +110,23 @@ def main(argv=None) -> None:
                 dm.setup("fit")
                 best[name, workers] = max(best.get((name, workers), 0.0), rate(dm, args.measure))
 
-    rows = [dict(path=name, workers=w, images_per_s=round(r, 1),
-                 vs_imagefolder=round(r / best["imagefolder", w], 2)) for (name, w), r in sorted(best.items())]
-    lines = [f"Training loader, DeiT recipe at 224 px (RandomResizedCrop, flip, RandAugment m9, erasing 0.25), "
-             f"batch {args.batch_size}, {args.images} generated JPEGs of about 500 x 375 px, best of {args.rounds} "
-             f"rounds of {args.measure} images each; os.cpu_count()={os.cpu_count()}",
-             "", f"{'path':<12} {'workers':>7} {'images/s':>9} {'vs folder':>9}"]
+    rows = [
+        dict(path=name, workers=w, images_per_s=round(r, 1), vs_imagefolder=round(r / best["imagefolder", w], 2))
+        for (name, w), r in sorted(best.items())
+    ]
+    lines = [
+        f"Training loader, DeiT recipe at 224 px (RandomResizedCrop, flip, RandAugment m9, erasing 0.25), "
+        f"batch {args.batch_size}, {args.images} generated JPEGs of about 500 x 375 px, best of {args.rounds} "
+        f"rounds of {args.measure} images each; os.cpu_count()={os.cpu_count()}",
+        "",
+        f"{'path':<12} {'workers':>7} {'images/s':>9} {'vs folder':>9}",
+    ]
     lines += [f"{r['path']:<12} {r['workers']:>7} {r['images_per_s']:>9.1f} {r['vs_imagefolder']:>9.2f}" for r in rows]
-    lines += ["", f"size: JPEG folder {jpeg_mb:.1f} MiB ({jpeg_mb * 2**10 / args.images:.0f} KiB an image), shard "
-                  f"folder {shard_mb:.1f} MiB ({shard_mb / jpeg_mb:.3f} x: the files as they are, labels, indexes)"]
+    lines += [
+        "",
+        f"size: JPEG folder {jpeg_mb:.1f} MiB ({jpeg_mb * 2**10 / args.images:.0f} KiB an image), shard "
+        f"folder {shard_mb:.1f} MiB ({shard_mb / jpeg_mb:.3f} x: the files as they are, labels, indexes)",
+    ]
     print("\n".join(lines))
     if args.out:
         Path(f"{args.out}.txt").write_text("\n".join(lines) + "\n")

@@ -1,4 +1,5 @@
 """The process's memory as the kernel reports it (/proc/self/status), for the benchmarks' peak-memory columns."""
+
 from __future__ import annotations
 
 __all__ = ["status_mib"]

@@ -5,6 +5,7 @@
 Prints a table of the median seconds per batch and the ratio eager / onnxruntime; the ViT is vit_tiny
 (random weights: the cost does not depend on them), exported with the dynamo ONNX exporter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,15 @@ def main() -> None:
     import onnxruntime as ort
 
     x = torch.randn(args.batch, 3, args.img_size, args.img_size)
-    print(f"{args.arch}, {args.img_size}x{args.img_size}, patch {args.patch_size}, batch {args.batch}, "
-          f"{(args.img_size // args.patch_size) ** 2} tokens, torch threads {torch.get_num_threads()}")
+    print(
+        f"{args.arch}, {args.img_size}x{args.img_size}, patch {args.patch_size}, batch {args.batch}, "
+        f"{(args.img_size // args.patch_size) ** 2} tokens, torch threads {torch.get_num_threads()}"
+    )
     print(f"{'attention':10s} {'eager s':>9s} {'onnxrt s':>9s} {'eager/ort':>9s} {'max |diff|':>10s}")
     for attention in ("linear", "softmax"):
-        model = vitzoo.create_model(args.arch, attention=attention, img_size=args.img_size,
-                                    patch_size=args.patch_size).eval()
+        model = vitzoo.create_model(
+            args.arch, attention=attention, img_size=args.img_size, patch_size=args.patch_size
+        ).eval()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
             torch.onnx.export(model, (x,), str(path), dynamo=True, input_names=["images"])

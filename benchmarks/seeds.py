@@ -8,6 +8,7 @@ Runs are sequential (each has the machine to itself); their directories and cons
     python benchmarks/seeds.py --presets vit_linear --seeds 42,0,1 --work /tmp/seeds
     python benchmarks/seeds.py --override trainer.max_epochs=1 --work /tmp/try        # a quick try
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,14 +43,19 @@ def main() -> None:
                 timing.write_text(json.dumps({"wall_s": wall, "cpu_s": cpu}))
             metrics, cost = json.loads((run / "metrics.json").read_text()), json.loads(timing.read_text())
             results[preset, seed] = (metrics["val/acc1"], metrics["best_score"], cost["wall_s"], cost["cpu_s"])
-            print(f"{preset:<12} seed {seed:<4} val/acc1 final {100 * results[preset, seed][0]:.2f}%  best "
-                  f"{100 * results[preset, seed][1]:.2f}%  wall {cost['wall_s'] / 60:.1f} min  "
-                  f"CPU {cost['cpu_s'] / 60:.1f} min", flush=True)
+            print(
+                f"{preset:<12} seed {seed:<4} val/acc1 final {100 * results[preset, seed][0]:.2f}%  best "
+                f"{100 * results[preset, seed][1]:.2f}%  wall {cost['wall_s'] / 60:.1f} min  "
+                f"CPU {cost['cpu_s'] / 60:.1f} min",
+                flush=True,
+            )
     for preset in args.presets.split(","):
         rows = [v for (p, _), v in results.items() if p == preset]
-        print(f"{preset}: final {spread([r[0] for r in rows])}%, best {spread([r[1] for r in rows])}%, "
-              f"wall {statistics.median(r[2] for r in rows) / 60:.1f} min, "
-              f"CPU {statistics.median(r[3] for r in rows) / 60:.1f} min (medians), {len(rows)} seeds")
+        print(
+            f"{preset}: final {spread([r[0] for r in rows])}%, best {spread([r[1] for r in rows])}%, "
+            f"wall {statistics.median(r[2] for r in rows) / 60:.1f} min, "
+            f"CPU {statistics.median(r[3] for r in rows) / 60:.1f} min (medians), {len(rows)} seeds"
+        )
 
 
 if __name__ == "__main__":

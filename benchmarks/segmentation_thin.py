@@ -17,6 +17,7 @@ training images/s (forward, loss, backward and optimizer step; data loading left
 images/s, and the peak resident memory of the row's process; below them, what intensity alone reaches (the
 best global threshold of the blurred image, fitted on the training images).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from vitzoo.segmentation import (SegmentationDataModule, SegmentationNet, create_backbone, segmentation_scores,
-                                 sliding_window_probs)
+from vitzoo.segmentation import (
+    SegmentationDataModule,
+    SegmentationNet,
+    create_backbone,
+    segmentation_scores,
+    sliding_window_probs,
+)
 from vitzoo.segmentation.losses import SegmentationLoss, balanced_class_weights
 from vitzoo.segmentation.thin import WALL, make_thin_dataset
 from vitzoo.training.optim import build_scheduler
@@ -93,9 +99,18 @@ def run_row(args: argparse.Namespace, spec: str) -> Dict[str, float]:
     name, _, rest = spec.partition("=")
     model, neck, loss, weights = rest.split(",")
     torch.manual_seed(args.seed)
-    dm = SegmentationDataModule(str(args.data / "train"), num_classes=2, class_names=CLASSES, img_size=args.crop,
-                                batch_size=args.batch, num_workers=0, mask_values={0: 1, 255: 0}, repeats=1000,
-                                val_fraction=0.1, seed=args.seed)
+    dm = SegmentationDataModule(
+        str(args.data / "train"),
+        num_classes=2,
+        class_names=CLASSES,
+        img_size=args.crop,
+        batch_size=args.batch,
+        num_workers=0,
+        mask_values={0: 1, 255: 0},
+        repeats=1000,
+        val_fraction=0.1,
+        seed=args.seed,
+    )
     dm.setup()
     class_weights = balanced_class_weights(dm.class_pixels["train"], 2) if weights == "balanced" else None
     criterion = SegmentationLoss(loss, 2, 255, class_weights)
@@ -124,16 +139,28 @@ def run_row(args: argparse.Namespace, spec: str) -> Dict[str, float]:
         for path in big:
             sliding_window_probs(net, _image(path), args.crop, 0.25)
         predict_seconds = time.perf_counter() - start
-    return {"row": name, "model": model, "neck": neck, "loss": loss, "weights": weights,
-            "parameters_m": sum(p.numel() for p in net.parameters()) / 1e6,
-            "iou_wall": scores["iou/wall"], "dice_wall": scores["dice/wall"],
-            "majority_iou_wall": scores["majority/iou/wall"], "majority_dice_wall": scores["majority/dice/wall"],
-            "miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
-            "majority_pixel_acc": scores["majority/pixel_acc"],
-            "train_images_per_s": args.steps * args.batch / seconds, "train_seconds": seconds,
-            "predict_1024_images_per_s": len(big) / predict_seconds,
-            "peak_rss_mib": status_mib("VmHWM"), "rss_before_training_mib": rss_before,
-            "first_loss": float(np.mean(losses[:5])), "last_loss": float(np.mean(losses[-5:]))}
+    return {
+        "row": name,
+        "model": model,
+        "neck": neck,
+        "loss": loss,
+        "weights": weights,
+        "parameters_m": sum(p.numel() for p in net.parameters()) / 1e6,
+        "iou_wall": scores["iou/wall"],
+        "dice_wall": scores["dice/wall"],
+        "majority_iou_wall": scores["majority/iou/wall"],
+        "majority_dice_wall": scores["majority/dice/wall"],
+        "miou": scores["miou"],
+        "pixel_acc": scores["pixel_acc"],
+        "majority_pixel_acc": scores["majority/pixel_acc"],
+        "train_images_per_s": args.steps * args.batch / seconds,
+        "train_seconds": seconds,
+        "predict_1024_images_per_s": len(big) / predict_seconds,
+        "peak_rss_mib": status_mib("VmHWM"),
+        "rss_before_training_mib": rss_before,
+        "first_loss": float(np.mean(losses[:5])),
+        "last_loss": float(np.mean(losses[-5:])),
+    }
 
 
 def threshold_row(root: Path) -> Dict[str, float]:
@@ -167,16 +194,25 @@ def make_data(root: Path, n: int, test: int, seed: int) -> None:
 
 
 def table(rows: List[Dict[str, float]], dark: Dict[str, float]) -> str:
-    head = ("| row | neck | loss, weights | wall IoU | wall Dice | train img/s | 1024 px predict img/s | "
-            "peak RSS (GiB) |\n|---|---|---|---|---|---|---|---|\n")
-    lines = [f"| {r['row']} | {r['neck']} | {r['loss']}, {r['weights']} | {r['iou_wall']:.3f} | {r['dice_wall']:.3f} | "
-             f"{r['train_images_per_s']:.2f} | {r['predict_1024_images_per_s']:.3f} | "
-             f"{r['peak_rss_mib'] / 1024:.2f} |" for r in rows]
+    head = (
+        "| row | neck | loss, weights | wall IoU | wall Dice | train img/s | 1024 px predict img/s | "
+        "peak RSS (GiB) |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = [
+        f"| {r['row']} | {r['neck']} | {r['loss']}, {r['weights']} | {r['iou_wall']:.3f} | {r['dice_wall']:.3f} | "
+        f"{r['train_images_per_s']:.2f} | {r['predict_1024_images_per_s']:.3f} | "
+        f"{r['peak_rss_mib'] / 1024:.2f} |"
+        for r in rows
+    ]
     base = rows[0]
-    lines.append(f"| interior everywhere (majority) | | | {base['majority_iou_wall']:.3f} | "
-                 f"{base['majority_dice_wall']:.3f} | | | |")
-    lines.append(f"| darkest pixels (blurred image < {dark['threshold']:.0f}, fitted on the training images) | | | "
-                 f"{dark['iou_wall']:.3f} | {dark['dice_wall']:.3f} | | | |")
+    lines.append(
+        f"| interior everywhere (majority) | | | {base['majority_iou_wall']:.3f} | "
+        f"{base['majority_dice_wall']:.3f} | | | |"
+    )
+    lines.append(
+        f"| darkest pixels (blurred image < {dark['threshold']:.0f}, fitted on the training images) | | | "
+        f"{dark['iou_wall']:.3f} | {dark['dice_wall']:.3f} | | | |"
+    )
     return head + "\n".join(lines)
 
 
@@ -211,13 +247,16 @@ def main() -> None:
     rows = []
     for spec in args.rows:
         started = time.perf_counter()
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", spec], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--only", spec], check=True, capture_output=True, text=True
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(f"{spec}: {time.perf_counter() - started:.0f} s, wall IoU {rows[-1]['iou_wall']:.3f}", flush=True)
-    machine = (f"{cpu_name()}, {torch.get_num_threads()} threads, torch "
-               f"{torch.__version__}; {args.steps} steps x batch {args.batch} of {args.crop} px crops, "
-               f"{args.n} training images of 512 px, {args.test} held-out 512 px images")
+    machine = (
+        f"{cpu_name()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}; {args.steps} steps x batch {args.batch} of {args.crop} px crops, "
+        f"{args.n} training images of 512 px, {args.test} held-out 512 px images"
+    )
     dark = threshold_row(args.data)
     text = table(rows, dark)
     print(machine + "\n" + text)
@@ -228,8 +267,9 @@ def main() -> None:
             writer.writeheader()
             writer.writerows(rows)
         args.out.with_suffix(".md").write_text(machine + "\n\n" + text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({"setup": machine, "rows": rows, "darkest_pixels": dark},
-                                                                 indent=1) + "\n")
+        args.out.with_suffix(".json").write_text(
+            json.dumps({"setup": machine, "rows": rows, "darkest_pixels": dark}, indent=1) + "\n"
+        )
 
 
 if __name__ == "__main__":

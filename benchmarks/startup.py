@@ -10,6 +10,7 @@ before and after sit side by side.
     mkdir /tmp/before && git archive <commit> | tar -x -C /tmp/before
     python benchmarks/startup.py --compare /tmp/before --rounds 9
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def main() -> None:
     checkouts = {"this checkout": ROOT}
     if args.compare is not None:
         checkouts[f"{args.compare}"] = args.compare.resolve()
-    cases = [(name, label) for name in checkouts for label in COMMANDS
-             if not (label == "import torch" and name != "this checkout")]  # the floor is the same interpreter
+    cases = [
+        (name, label)
+        for name in checkouts
+        for label in COMMANDS
+        if not (label == "import torch" and name != "this checkout")
+    ]  # the floor is the same interpreter
     times = {case: [] for case in cases}
     for case in cases:
         wall(COMMANDS[case[1]], checkouts[case[0]])  # warm-up: page cache, .pyc files

@@ -19,6 +19,7 @@ by the albumentations DataLoader (``--workers``) and by the device-resident path
 so the table shows what each data path leaves of the fixed-batch rate. On CUDA a peak-memory column
 (torch's max allocated, per row) is added.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ def make_step(model, device, precision):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+
     return step
 
 
@@ -99,8 +101,10 @@ def data_feeds(data: str, img_size: int, batch_size: int, workers: int, device) 
 
     plain = folder_module(data, img_size, batch_size, False, num_workers=workers)
     cached = folder_module(data, img_size, batch_size, True, num_workers=0)
-    return {f"albumentations, {workers} worker(s)": endless(plain.train_dataloader()).__next__,
-            "device path": endless(device_batches(cached, device)).__next__}
+    return {
+        f"albumentations, {workers} worker(s)": endless(plain.train_dataloader()).__next__,
+        "device path": endless(device_batches(cached, device)).__next__,
+    }
 
 
 def main() -> None:
@@ -114,11 +118,20 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
-    parser.add_argument("--clock", default="wall", choices=["wall", "process"],
-                        help="process = this process's CPU time: steadier on a shared CPU (use with --threads 1)")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "process"],
+        help="process = this process's CPU time: steadier on a shared CPU (use with --threads 1)",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
-    parser.add_argument("--attention", type=attention_spec, action="append", default=[],
-                        help="also time a zoo ViT with this attention, e.g. linear:impl=torch (repeatable)")
+    parser.add_argument(
+        "--attention",
+        type=attention_spec,
+        action="append",
+        default=[],
+        help="also time a zoo ViT with this attention, e.g. linear:impl=torch (repeatable)",
+    )
     parser.add_argument("--data", help="image folder or CIFAR .tar.gz: add rows fed by both data paths")
     parser.add_argument("--workers", type=int, default=1, help="--data: DataLoader workers of the albumentations path")
     parser.add_argument("--csv", help="also write the table to this CSV file")
@@ -160,22 +173,35 @@ def main() -> None:
     # Each round times both models back to back: the median of per-round ratios cancels slow drift.
     paired = {name: statistics.median(a / b for a, b in zip(values, rates[ref_name])) for name, values in rates.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{args.arch} {shape}, img {args.img_size}, batch {args.batch_size}, {args.precision}, {where}, "
-          f"{args.clock} clock")
+    print(
+        f"{args.arch} {shape}, img {args.img_size}, batch {args.batch_size}, {args.precision}, {where}, "
+        f"{args.clock} clock"
+    )
     rows = []
     for name, values in rates.items():
         med = statistics.median(values)
-        rows.append({"model": name, "img_per_s": round(med, 1), "min": round(min(values), 1),
-                     "max": round(max(values), 1), "ratio_vs_timm": round(med / ref, 3),
-                     "paired_ratio_vs_timm": round(paired[name], 3),
-                     **({"peak_mb": round(peak[name])} if name in peak else {})})
+        rows.append(
+            {
+                "model": name,
+                "img_per_s": round(med, 1),
+                "min": round(min(values), 1),
+                "max": round(max(values), 1),
+                "ratio_vs_timm": round(med / ref, 3),
+                "paired_ratio_vs_timm": round(paired[name], 3),
+                **({"peak_mb": round(peak[name])} if name in peak else {}),
+            }
+        )
     width = max(24, *(len(r["model"]) for r in rows))
-    print(f"{'model':<{width}} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7} {'paired ratio':>13}"
-          + (f" {'peak MB':>8}" if peak else ""))
+    print(
+        f"{'model':<{width}} {'img/s (median)':>15} {'min':>9} {'max':>9} {'ratio':>7} {'paired ratio':>13}"
+        + (f" {'peak MB':>8}" if peak else "")
+    )
     for r in rows:
-        print(f"{r['model']:<{width}} {r['img_per_s']:>15.1f} {r['min']:>9.1f} {r['max']:>9.1f} "
-              f"{r['ratio_vs_timm']:>7.3f} {r['paired_ratio_vs_timm']:>13.3f}"
-              + (f" {r['peak_mb']:>8}" if "peak_mb" in r else ""))
+        print(
+            f"{r['model']:<{width}} {r['img_per_s']:>15.1f} {r['min']:>9.1f} {r['max']:>9.1f} "
+            f"{r['ratio_vs_timm']:>7.3f} {r['paired_ratio_vs_timm']:>13.3f}"
+            + (f" {r['peak_mb']:>8}" if "peak_mb" in r else "")
+        )
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

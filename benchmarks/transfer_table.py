@@ -21,6 +21,7 @@ names in ``--presets``. A run with a metrics.json is done; one with a last.ckpt 
 the val split they trained on) into ``teacher/robustness/`` and ``<preset>/robustness/``; one with a robustness.json
 is done. The report goes to ``--out`` (results.md, results.csv, transfer.png).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,14 @@ def _train(run_dir: Path, args: List[str]) -> None:
 
 
 def stage_args(preset: str, data: Path, teacher: Path, overrides: Sequence[str] = ()) -> List[str]:
-    return ["experiment=transfer_cpu", f"model={preset}", f"data.root={data}", f"model.init_from={teacher / 'export'}",
-            *model_overrides(BUDGET, preset), *overrides]
+    return [
+        "experiment=transfer_cpu",
+        f"model={preset}",
+        f"data.root={data}",
+        f"model.init_from={teacher / 'export'}",
+        *model_overrides(BUDGET, preset),
+        *overrides,
+    ]
 
 
 def run_name(preset: str, tag: str = "") -> str:
@@ -101,8 +108,9 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides
 
     size_thread_pools()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"seed={SEED}", *stage_args(preset, data, teacher, overrides),
-                                          "transfer.stage=1"])
+        cfg = compose(
+            "train", overrides=[f"seed={SEED}", *stage_args(preset, data, teacher, overrides), "transfer.stage=1"]
+        )
     datamodule, module = build_run(cfg)
     datamodule.setup("fit")
     start = time.time()
@@ -110,9 +118,18 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides
     seconds = time.time() - start
     teacher_scores = evaluate(module.teacher, datamodule.val_dataloader())
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"val/acc1": student["acc1"], "val/loss": student["loss"],
-                               "num_images": student["num_images"], "eval_s": seconds,
-                               "teacher_val/acc1": teacher_scores["acc1"]}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "val/acc1": student["acc1"],
+                "val/loss": student["loss"],
+                "num_images": student["num_images"],
+                "eval_s": seconds,
+                "teacher_val/acc1": teacher_scores["acc1"],
+            },
+            indent=2,
+        )
+    )
     print(f"[loaded] {preset}: {student['acc1']:.4f} (teacher as loaded {teacher_scores['acc1']:.4f})", flush=True)
 
 
@@ -132,12 +149,25 @@ def evaluate_robustness(label: str, run: Path, data: Path) -> None:
         print(f"[robustness] {label}: {run} has not finished, skipped", flush=True)
         return
     split = OmegaConf.load(run / ".hydra" / "config.yaml").data
-    cmd = [sys.executable, "eval.py", f"ckpt_path={{{label}: {metrics['best_ckpt']}}}", "data=imagefolder",
-           f"data.root={data}", *(f"data.{k}={split[k]}" for k in ("val_fraction", "split_seed", "eval_batch_size",
-                                                                    "num_workers") if k in split),
-           "robustness=benchmark", "robustness.logit_noise=[]", "robustness.resolutions=[]",
-           f"robustness.adversarial=[{PGD_EPS}]", f"robustness.max_images={ROBUSTNESS_IMAGES}",
-           "robustness.progress=false", f"hydra.run.dir={out}"]
+    cmd = [
+        sys.executable,
+        "eval.py",
+        f"ckpt_path={{{label}: {metrics['best_ckpt']}}}",
+        "data=imagefolder",
+        f"data.root={data}",
+        *(
+            f"data.{k}={split[k]}"
+            for k in ("val_fraction", "split_seed", "eval_batch_size", "num_workers")
+            if k in split
+        ),
+        "robustness=benchmark",
+        "robustness.logit_noise=[]",
+        "robustness.resolutions=[]",
+        f"robustness.adversarial=[{PGD_EPS}]",
+        f"robustness.max_images={ROBUSTNESS_IMAGES}",
+        "robustness.progress=false",
+        f"hydra.run.dir={out}",
+    ]
     print(f"[robustness] {label} ...", flush=True)
     shutil.rmtree(out, ignore_errors=True)  # an interrupted eval.py leaves no record to resume from
     start = time.time()
@@ -154,8 +184,21 @@ def robustness_dir(run: Path) -> Path:
 # ---------------------------------------------------------------- report
 ROBUSTNESS = ("mean corruption accuracy (15x5)", f"PGD L-inf {PGD_EPS}/255")
 TEACHER_ROBUSTNESS = tuple(f"teacher {key}" for key in ROBUSTNESS)
-COLUMNS = ("mechanism", "preset", "loaded", "stage 1", "stage 2", "from scratch", "teacher", "% of teacher",
-           "stage 1 min", "stage 2 min", "stage 1 val transfer loss", *ROBUSTNESS, *TEACHER_ROBUSTNESS)
+COLUMNS = (
+    "mechanism",
+    "preset",
+    "loaded",
+    "stage 1",
+    "stage 2",
+    "from scratch",
+    "teacher",
+    "% of teacher",
+    "stage 1 min",
+    "stage 2 min",
+    "stage 1 val transfer loss",
+    *ROBUSTNESS,
+    *TEACHER_ROBUSTNESS,
+)
 PERCENT = ("loaded", "stage 1", "stage 2", "from scratch", "teacher", *ROBUSTNESS, *TEACHER_ROBUSTNESS)
 
 
@@ -181,9 +224,12 @@ def robustness_cells(run: Path, label: str) -> Dict[str, object]:
     summary = record["summary"][label]
     corruption = summary.get("published", {}).get("mean_corruption_acc1")
     pgd = summary.get("pgd_linf_acc1", {}).get(f"{PGD_EPS}/255")
-    return {ROBUSTNESS[0]: corruption if corruption is not None else "not 15x5",
-            ROBUSTNESS[1]: ("not evaluated" if pgd is None else
-                            pgd if summary.get("attack_check") == "ok" else "attack check failed")}
+    return {
+        ROBUSTNESS[0]: corruption if corruption is not None else "not 15x5",
+        ROBUSTNESS[1]: (
+            "not evaluated" if pgd is None else pgd if summary.get("attack_check") == "ok" else "attack check failed"
+        ),
+    }
 
 
 def collect(work: Path, names: List[str]) -> List[dict]:
@@ -200,12 +246,18 @@ def collect(work: Path, names: List[str]) -> List[dict]:
         if loaded is None and s1 is None:
             continue
         w1, w2 = _read(work / name / "stage1" / "wall_s.json"), _read(work / name / "stage2" / "wall_s.json")
-        row = {"mechanism": labels.get(preset, preset) + (f", {tag}" if tag else ""), "preset": name,
-               "loaded": loaded and loaded["val/acc1"], "stage 1": s1 and s1["val/acc1"],
-               "stage 2": s2 and s2["val/acc1"], "from scratch": scratch.get(preset),
-               "teacher": teacher and teacher["best_score"],  # the checkpoint its export (init_from) holds
-               "stage 1 min": w1 and w1["wall_s"] / 60, "stage 2 min": w2 and w2["wall_s"] / 60,
-               "stage 1 val transfer loss": s1 and s1.get("val/transfer_loss")}
+        row = {
+            "mechanism": labels.get(preset, preset) + (f", {tag}" if tag else ""),
+            "preset": name,
+            "loaded": loaded and loaded["val/acc1"],
+            "stage 1": s1 and s1["val/acc1"],
+            "stage 2": s2 and s2["val/acc1"],
+            "from scratch": scratch.get(preset),
+            "teacher": teacher and teacher["best_score"],  # the checkpoint its export (init_from) holds
+            "stage 1 min": w1 and w1["wall_s"] / 60,
+            "stage 2 min": w2 and w2["wall_s"] / 60,
+            "stage 1 val transfer loss": s1 and s1.get("val/transfer_loss"),
+        }
         row["% of teacher"] = row["stage 2"] / row["teacher"] * 100 if row["stage 2"] and row["teacher"] else None
         rows.append({**row, **robustness_cells(work / name / "stage2", name), **teacher_robustness})
     return rows
@@ -234,7 +286,8 @@ def teacher_training(work: Path) -> Optional[str]:
     cfg = OmegaConf.load(config)
     fraction = cfg.trainer.get("limit_train_batches", 1.0)
     epochs = f"{metrics['epoch']} epoch{'s' if metrics['epoch'] != 1 else ''}" + (
-        f" of {fraction:g} of the batches" if isinstance(fraction, float) and fraction < 1 else "")
+        f" of {fraction:g} of the batches" if isinstance(fraction, float) and fraction < 1 else ""
+    )
     return f"{epochs}, {metrics['global_step'] * cfg.data.batch_size:,} training images"
 
 
@@ -243,13 +296,17 @@ def _notes(work: Path) -> List[str]:
     teacher, lines = teacher_training(work), []
     if teacher is not None:
         best = _read(work / "teacher" / "metrics.json")["best_score"]
-        lines.append(f"- teacher: vit_softmax, {teacher}, val top-1 {best:.1%} (its best checkpoint, which every "
-                     f"student loads); from scratch: docs/zoo/cpu, {SCRATCH_IMAGES:,} training images")
-    lines.append(f"- {ROBUSTNESS[0]}, {ROBUSTNESS[1]}: `eval.py robustness=benchmark` on the best checkpoint of "
-                 f"stage 2 (teacher: its own) over the first {ROBUSTNESS_IMAGES:,} val images: mean top-1 over the 15 "
-                 f"CIFAR-10-C corruptions x severities 1-5, and top-1 under PGD (10 steps, L-inf eps {PGD_EPS}/255 of "
-                 f"a [0, 1] image); a pass on {ROBUSTNESS_IMAGES:,} images is uncertain by up to +-3.1 points "
-                 f"(Wilson 95%)")
+        lines.append(
+            f"- teacher: vit_softmax, {teacher}, val top-1 {best:.1%} (its best checkpoint, which every "
+            f"student loads); from scratch: docs/zoo/cpu, {SCRATCH_IMAGES:,} training images"
+        )
+    lines.append(
+        f"- {ROBUSTNESS[0]}, {ROBUSTNESS[1]}: `eval.py robustness=benchmark` on the best checkpoint of "
+        f"stage 2 (teacher: its own) over the first {ROBUSTNESS_IMAGES:,} val images: mean top-1 over the 15 "
+        f"CIFAR-10-C corruptions x severities 1-5, and top-1 under PGD (10 steps, L-inf eps {PGD_EPS}/255 of "
+        f"a [0, 1] image); a pass on {ROBUSTNESS_IMAGES:,} images is uncertain by up to +-3.1 points "
+        f"(Wilson 95%)"
+    )
     return lines
 
 
@@ -288,9 +345,12 @@ def plot(rows: List[dict], path: Path, work: Path) -> None:
     loaded = _read(work / rows[0]["preset"] / "loaded.json")
     ax.set_ylabel(f"val top-1 (%), {loaded['num_images']:,} images" if loaded else "val top-1 (%)")
     images = _images(work, rows[0]["preset"])
-    ax.set_title(f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\ntraining images: stage 1 "
-                 f"{images[0]:,} + stage 2 {images[1]:,}; from scratch (docs/zoo/cpu) {SCRATCH_IMAGES:,}\n"
-                 f"teacher (vit_softmax): {teacher_training(work) or 'not finished'}", fontsize=9)
+    ax.set_title(
+        f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\ntraining images: stage 1 "
+        f"{images[0]:,} + stage 2 {images[1]:,}; from scratch (docs/zoo/cpu) {SCRATCH_IMAGES:,}\n"
+        f"teacher (vit_softmax): {teacher_training(work) or 'not finished'}",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, ncol=3, loc="upper left")
     if robust:
         from vitzoo.robustness.intervals import accuracy_interval
@@ -302,8 +362,11 @@ def plot(rows: List[dict], path: Path, work: Path) -> None:
             if isinstance(value, float):
                 ax.axhline(value * 100, color=colour, linestyle="--", linewidth=1, label=f"teacher's {key}")
         ax.set_ylabel(f"top-1 (%), first {ROBUSTNESS_IMAGES:,} val images")
-        ax.set_title("Robustness of the stage-2 networks beside the teacher's (bars: Wilson 95% interval; "
-                     "no bar: not evaluated)", fontsize=9)
+        ax.set_title(
+            "Robustness of the stage-2 networks beside the teacher's (bars: Wilson 95% interval; "
+            "no bar: not evaluated)",
+            fontsize=9,
+        )
         ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -320,8 +383,10 @@ def _bars(ax, rows: List[dict], series, interval=None) -> None:
         errors = None
         if interval is not None:
             bounds = [interval(v) if not math.isnan(v) else (math.nan, math.nan) for v in values]
-            errors = [[100 * (v - lo) for v, (lo, _) in zip(values, bounds)],
-                      [100 * (hi - v) for v, (_, hi) in zip(values, bounds)]]
+            errors = [
+                [100 * (v - lo) for v, (lo, _) in zip(values, bounds)],
+                [100 * (hi - v) for v, (_, hi) in zip(values, bounds)],
+            ]
         ax.bar(xs, [100 * v for v in values], width, yerr=errors, capsize=2 if errors else 0, label=key)
     ax.set_xticks(range(len(rows)), [textwrap.fill(row["mechanism"], 16) for row in rows], fontsize=8)  # no overlap
     ax.set_ylim(0, 100)
@@ -335,8 +400,9 @@ def _images(work: Path, preset: str) -> List[int]:
     for stage in ("stage1", "stage2"):
         run = work / preset / stage
         metrics, config = _read(run / "metrics.json"), run / ".hydra" / "config.yaml"
-        seen.append(metrics["global_step"] * OmegaConf.load(config).data.batch_size if metrics and config.is_file()
-                    else 0)
+        seen.append(
+            metrics["global_step"] * OmegaConf.load(config).data.batch_size if metrics and config.is_file() else 0
+        )
     return seen
 
 
@@ -351,9 +417,13 @@ def main() -> None:
     p.add_argument("--stage1", type=float, default=0.5, help="stage 1's epochs of training images")
     p.add_argument("--stage2", type=float, default=1.5, help="stage 2's epochs of training images")
     p.add_argument("--tag", default="", help="a variant's name: its runs go to <preset>-<tag>/ (letters, digits, _)")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="a train.py override for the variant's loaded student and both stages (repeatable; "
-                        "needs --tag)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train.py override for the variant's loaded student and both stages (repeatable; needs --tag)",
+    )
     args = p.parse_args()
     phases, presets = args.phases.split(","), args.presets.split(",")
     unknown = sorted(set(phases) - set(PHASES))
@@ -367,8 +437,16 @@ def main() -> None:
         raise SystemExit(f"--data={args.data}: give the folder holding train/<class>/*.jpg")
     work, teacher = args.work.resolve(), args.work.resolve() / "teacher"
     if "teacher" in phases:
-        _train(teacher, ["experiment=zoo_cpu", "model=vit_softmax", f"data.root={args.data}",
-                         *model_overrides(BUDGET, "vit_softmax"), *epoch_overrides(args.teacher_epochs)])
+        _train(
+            teacher,
+            [
+                "experiment=zoo_cpu",
+                "model=vit_softmax",
+                f"data.root={args.data}",
+                *model_overrides(BUDGET, "vit_softmax"),
+                *epoch_overrides(args.teacher_epochs),
+            ],
+        )
     if "robustness" in phases:
         evaluate_robustness("teacher", teacher, args.data)
     names = [run_name(preset, args.tag) for preset in presets]
@@ -381,8 +459,10 @@ def main() -> None:
             _train(work / name / "stage1", [*base, "transfer.stage=1", *epoch_overrides(args.stage1)])
         if "stage2" in phases:
             student = work / name / "stage1" / "checkpoints" / "last.ckpt"
-            _train(work / name / "stage2", [*base, "transfer.stage=2", *epoch_overrides(args.stage2),
-                                            f"transfer.student={student}"])
+            _train(
+                work / name / "stage2",
+                [*base, "transfer.stage=2", *epoch_overrides(args.stage2), f"transfer.student={student}"],
+            )
         if "robustness" in phases:
             evaluate_robustness(name, work / name / "stage2", args.data)
         if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows

@@ -33,6 +33,7 @@ unpacked once to ``~/.cache/vitzoo/``.
 This file runs the phases; its siblings do the work: zoo_plan.py (presets, budgets, run dirs), zoo_profile.py,
 zoo_results.py (the result files), zoo_table.py (results.md, results.csv), zoo_plots.py, zoo_data.py (``--data``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +72,17 @@ def train(runs: List[Run], budget: Budget, data_root: Path, overrides: Sequence[
         if (run.dir / "metrics.json").is_file():
             print(f"[train {i}/{len(runs)}] {run.name}: done", flush=True)
             continue
-        cmd = [sys.executable, "train.py", f"experiment={budget.experiment}", f"model={run.preset}",
-               f"seed={run.seed}", f"data.root={data_root}", f"hydra.run.dir={run.dir}",
-               *model_overrides(budget, run.preset), *overrides]
+        cmd = [
+            sys.executable,
+            "train.py",
+            f"experiment={budget.experiment}",
+            f"model={run.preset}",
+            f"seed={run.seed}",
+            f"data.root={data_root}",
+            f"hydra.run.dir={run.dir}",
+            *model_overrides(budget, run.preset),
+            *overrides,
+        ]
         if run.last_ckpt.is_file():
             cmd.append(f"ckpt_path={run.last_ckpt}")
         print(f"[train {i}/{len(runs)}] {run.name} ...", flush=True)
@@ -115,12 +124,23 @@ def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Pa
     if not ready:
         raise SystemExit("no trained runs to evaluate; run the train phase first")
     data = OmegaConf.load(recipe_path(budget)).data
-    data_overrides = [f"data.{k}={data[k]}" for k in ("img_size", "val_fraction", "split_seed", "eval_batch_size",
-                                                         "num_workers") if k in data]
+    data_overrides = [
+        f"data.{k}={data[k]}"
+        for k in ("img_size", "val_fraction", "split_seed", "eval_batch_size", "num_workers")
+        if k in data
+    ]
     ckpts = "{" + ",".join(f"{r.eval_key}:{r.last_ckpt}" for r in ready) + "}"
-    cmd = [sys.executable, "eval.py", f"ckpt_path={ckpts}", "data=imagefolder", f"data.root={data_root}",
-           *data_overrides, f"robustness={budget.robustness}", "robustness.progress=false",
-           f"hydra.run.dir={out}"]
+    cmd = [
+        sys.executable,
+        "eval.py",
+        f"ckpt_path={ckpts}",
+        "data=imagefolder",
+        f"data.root={data_root}",
+        *data_overrides,
+        f"robustness={budget.robustness}",
+        "robustness.progress=false",
+        f"hydra.run.dir={out}",
+    ]
     if budget.eval_images is not None:
         cmd.append(f"robustness.max_images={budget.eval_images}")
     print(f"[eval] {len(ready)} checkpoints ...", flush=True)
@@ -139,20 +159,45 @@ def collect(runs: List[Run], budget_name: str, budget: Budget, work: Path, overr
         if not (run.dir / "metrics.json").is_file():
             continue
         prof = json.loads((run.dir / "profile.json").read_text()) if (run.dir / "profile.json").is_file() else {}
-        evals = (json.loads(p.read_text()) for p in (run.dir / "eval" / "robustness.json",
-                                                      work / "eval" / "robustness.json") if p.is_file())
+        evals = (
+            json.loads(p.read_text())
+            for p in (run.dir / "eval" / "robustness.json", work / "eval" / "robustness.json")
+            if p.is_file()
+        )
         robustness = next((e for e in evals if run.eval_key in e["checkpoints"]), {})
         ckpt = robustness.get("checkpoints", {}).get(run.eval_key)
-        records = {"sweep": robustness["sweep"], "img_size": ckpt["img_size"], "protocol": ckpt.get("protocol"),
-                   "records": [r for r in robustness["records"] if r["checkpoint"] == run.eval_key]} if ckpt else None
-        out.append((run.dir, zoo_results.build(
-            budget_name, run.label, run.preset, run.seed, budget.experiment, overrides,
-            json.loads((run.dir / "metrics.json").read_text()), prof, records)))
+        records = (
+            {
+                "sweep": robustness["sweep"],
+                "img_size": ckpt["img_size"],
+                "protocol": ckpt.get("protocol"),
+                "records": [r for r in robustness["records"] if r["checkpoint"] == run.eval_key],
+            }
+            if ckpt
+            else None
+        )
+        out.append(
+            (
+                run.dir,
+                zoo_results.build(
+                    budget_name,
+                    run.label,
+                    run.preset,
+                    run.seed,
+                    budget.experiment,
+                    overrides,
+                    json.loads((run.dir / "metrics.json").read_text()),
+                    prof,
+                    records,
+                ),
+            )
+        )
     return out
 
 
-def report(results: List[dict], budget_name: str, budget: Budget, out: Path, command: str,
-           checkpoints: Set[Tuple[str, int]]) -> Path:
+def report(
+    results: List[dict], budget_name: str, budget: Budget, out: Path, command: str, checkpoints: Set[Tuple[str, int]]
+) -> Path:
     """results.md + results.csv + plots into ``out``, from the result files of every run in ``out/per-run``;
     ``checkpoints``: the (preset, seed) whose checkpoint is in the work dir (what a cell not measured can say)."""
     if not results:
@@ -167,23 +212,38 @@ def report(results: List[dict], budget_name: str, budget: Budget, out: Path, com
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
     p.add_argument("--data", type=Path, help="CIFAR-10 JPEG tree (folder with train/) or its .tar.gz")
     p.add_argument("--work", type=Path, default=None, help="run dirs (default: logs/zoo/<budget>)")
     p.add_argument("--out", type=Path, default=None, help="table and plots (default: docs/zoo/<budget>)")
     p.add_argument("--phases", default=",".join(PHASES), help="comma list from " + ",".join(PHASES))
     p.add_argument("--presets", default=None, help="comma list of presets (default: all)")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra Hydra override for every training run, after the budget's (repeatable); "
-                        "a run dir trained with other overrides is not retrained")
-    p.add_argument("--merge", type=Path, nargs="+", default=[], metavar="PATH",
-                   help="report: result files, or folders of them (another call's <out>/per-run), to add to the "
-                        "table; a file of a run already there replaces it")
-    p.add_argument("--per-run", action="store_true",
-                   help="each run through every phase (its own eval.py call) and into its result file before the "
-                        "next run starts, so a call that is stopped keeps every finished run (a GPU loan)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra override for every training run, after the budget's (repeatable); "
+        "a run dir trained with other overrides is not retrained",
+    )
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="report: result files, or folders of them (another call's <out>/per-run), to add to the "
+        "table; a file of a run already there replaces it",
+    )
+    p.add_argument(
+        "--per-run",
+        action="store_true",
+        help="each run through every phase (its own eval.py call) and into its result file before the "
+        "next run starts, so a call that is stopped keeps every finished run (a GPU loan)",
+    )
     p.add_argument("--batch-size", type=int, default=128, help="profile: training batch size")
     p.add_argument("--steps", type=int, default=10, help="profile: timed training steps")
     return p.parse_args(argv)
@@ -200,15 +260,18 @@ def main(argv=None) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("the gpu budget trains and profiles on a CUDA GPU and torch sees none here; use "
-                             "--budget cpu, or --phases report --merge to join result files made on a GPU")
+            raise SystemExit(
+                "the gpu budget trains and profiles on a CUDA GPU and torch sees none here; use "
+                "--budget cpu, or --phases report --merge to join result files made on a GPU"
+            )
     if args.merge and "report" not in phases:
         raise SystemExit("--merge joins result files in the report phase; add report to --phases")
     only = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
     unknown = sorted(set(only or ()) - {preset for _, preset in PRESETS})
     if unknown:
-        raise SystemExit(f"unknown preset(s) {unknown}; choose from configs/model/: "
-                         f"{', '.join(preset for _, preset in PRESETS)}")
+        raise SystemExit(
+            f"unknown preset(s) {unknown}; choose from configs/model/: {', '.join(preset for _, preset in PRESETS)}"
+        )
     work = (args.work or ROOT / "logs" / "zoo" / args.budget).resolve()
     runs = plan(budget, work, only)
     if "train" in phases or "eval" in phases:
@@ -218,7 +281,7 @@ def main(argv=None) -> None:
     out = (args.out or ROOT / "docs" / "zoo" / args.budget).resolve()
     merge = args.merge
     # --per-run: each run through every phase (its eval in its own dir) and into its result file before the next
-    for group, eval_work in ([([run], run.dir) for run in runs] if args.per_run else [(runs, work)]):
+    for group, eval_work in [([run], run.dir) for run in runs] if args.per_run else [(runs, work)]:
         if "train" in phases:
             train(group, budget, data_root, args.override)
         if "profile" in phases:

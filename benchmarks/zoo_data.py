@@ -1,4 +1,5 @@
 """The zoo's ``--data``: the CIFAR-10 JPEG tree (a folder holding ``train/<class>/*.jpg``) or its ``.tar.gz``."""
+
 from __future__ import annotations
 
 import shutil

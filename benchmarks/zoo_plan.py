@@ -1,4 +1,5 @@
 """What the zoo runs: its rows (the model presets), its budgets and the run directory of each preset and seed."""
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,13 @@ class Budget:
 
 BUDGETS = {
     # ~0.8M-parameter ViT, 2 epochs: all presets in about 2.5 h on a 2-core CPU.
-    "cpu": Budget("zoo_cpu", dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0, drop_path_rate=0.0),
-                  dict(channels=[16, 32, 64, 128], stem_width=16),
-                  seeds={"vit_softmax": (0, 1), "vit_linear": (0, 1)}, eval_images=2000),
+    "cpu": Budget(
+        "zoo_cpu",
+        dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0, drop_path_rate=0.0),
+        dict(channels=[16, 32, 64, 128], stem_width=16),
+        seeds={"vit_softmax": (0, 1), "vit_linear": (0, 1)},
+        eval_images=2000,
+    ),
     # ViT-Tiny width (5.4M parameters at mlp_ratio 4), 50 epochs, one seed; a full-width ResNet-18.
     "gpu": Budget("zoo_gpu", dict(embed_dim=192, depth=12, num_heads=3, mlp_ratio=4.0, drop_path_rate=0.1), {}),
 }

@@ -1,4 +1,5 @@
 """The zoo's plots: summary.png (each preset's accuracies with their intervals) and eval.py's sweep curves."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,9 @@ def summary_figure(rows: Dict[str, List[dict]], data: str, val: int, eval_images
     for i, key in enumerate(SUMMARY_KEYS):
         xs, means, low, high = [], [], [], []
         for x, preset_runs in enumerate(rows.values()):
-            known = [(r["row"][key], _images(r, key, val, eval_images))
-                     for r in preset_runs if r["row"][key] is not None]
+            known = [
+                (r["row"][key], _images(r, key, val, eval_images)) for r in preset_runs if r["row"][key] is not None
+            ]
             if not known:
                 continue
             m, n = mean([acc for acc, _ in known]), min(n for _, n in known)
@@ -61,11 +63,13 @@ def summary_figure(rows: Dict[str, List[dict]], data: str, val: int, eval_images
     ax.grid(axis="y", alpha=0.3)
     sweep = ", ".join(f"{n:,}" for n in sorted(sweep_images)) or "-"
     runs = sum(len(preset_runs) for preset_runs in rows.values())
-    fig.suptitle(f"{data}: {len(rows)} presets, {runs} runs\n"
-                 f"val acc on {val:,} images (the recipe's val fraction of CIFAR-10's {CIFAR10_TRAIN_IMAGES:,} "
-                 f"training JPEGs), the other columns on the first {sweep}\n"
-                 "bars: mean over seeds (dots: each seed); error bars: Wilson 95% interval (test-set sampling)",
-                 fontsize="medium")
+    fig.suptitle(
+        f"{data}: {len(rows)} presets, {runs} runs\n"
+        f"val acc on {val:,} images (the recipe's val fraction of CIFAR-10's {CIFAR10_TRAIN_IMAGES:,} "
+        f"training JPEGs), the other columns on the first {sweep}\n"
+        "bars: mean over seeds (dots: each seed); error bars: Wilson 95% interval (test-set sampling)",
+        fontsize="medium",
+    )
     fig.tight_layout()
     return fig
 
@@ -82,8 +86,12 @@ def draw(results: List[dict], curves: List[dict], budget: Budget, out: Path) -> 
         (out / f"{name}.png").unlink(missing_ok=True)
     data = f"CIFAR-10 val split ({budget.experiment})"
     records = [rec for r in curves for rec in r["robustness"]["records"]]
-    drawn = plot_results(records, out, {rec["checkpoint"]: r["robustness"]["img_size"]
-                                        for r in curves for rec in r["robustness"]["records"]}, data)
+    drawn = plot_results(
+        records,
+        out,
+        {rec["checkpoint"]: r["robustness"]["img_size"] for r in curves for rec in r["robustness"]["records"]},
+        data,
+    )
     fig = summary_figure(by_preset(results), data, val_images(budget), budget.eval_images)
     fig.savefig(out / "summary.png", dpi=110)
     plt.close(fig)

@@ -4,6 +4,7 @@ Each checkpoint is profiled in a fresh process (so one network's peak memory is 
 
     python benchmarks/zoo_profile.py <run dir>/checkpoints/last.ckpt --batch-size 128 --steps 10   # one JSON line
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,14 @@ def hardware() -> str:
     """The CPU model and core count, and the GPU where torch sees one."""
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor() or "unknown CPU") if os.path.exists("/proc/cpuinfo") else platform.processor()
+    cpu = (
+        next(
+            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+            platform.processor() or "unknown CPU",
+        )
+        if os.path.exists("/proc/cpuinfo")
+        else platform.processor()
+    )
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu}, {os.cpu_count()} cores{gpu}"
 
@@ -81,9 +88,16 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
     _eager_twins(model)
     with FlopCounterMode(display=False) as counter:
         model(x[:1])
-    return {"params": params, "flops_per_image": counter.get_total_flops(),
-            "train_img_per_s": batch_size / times[len(times) // 2], "peak_train_mb": peak, "batch_size": batch_size,
-            "torch": torch.__version__, "device": "cuda bf16" if cuda else "cpu fp32", "hardware": hardware()}
+    return {
+        "params": params,
+        "flops_per_image": counter.get_total_flops(),
+        "train_img_per_s": batch_size / times[len(times) // 2],
+        "peak_train_mb": peak,
+        "batch_size": batch_size,
+        "torch": torch.__version__,
+        "device": "cuda bf16" if cuda else "cpu fp32",
+        "hardware": hardware(),
+    }
 
 
 def profile(runs: List[Run], batch_size: int, steps: int) -> None:

@@ -12,6 +12,7 @@ A result file (``<out>/per-run/<preset>-s<seed>.json``) holds everything the tab
 Files converted from the table of an earlier harness version carry ``row`` but no ``robustness`` records (their
 sweep curves were not kept); the table shows them, the plots cannot.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,24 @@ from typing import Dict, Iterable, List, Optional, Sequence
 FORMAT = 1
 CORRUPTION_15X5, PGD_2 = "mean corruption accuracy (15x5)", "PGD L-inf 2/255"
 PGD_CHECK = "PGD attack check"  # eval.py's guard against a silently broken attack: "ok" or what failed
-ROW_KEYS = ("params", "MFLOPs/img", "train img/s", "peak train MB", "val acc", "gauss sev1-5", "logit sigma=1",
-            "2x res", CORRUPTION_15X5, PGD_2, "entropy init", "entropy end", "entropy 2x res", "eval clean acc",
-            "torch", PGD_CHECK)
+ROW_KEYS = (
+    "params",
+    "MFLOPs/img",
+    "train img/s",
+    "peak train MB",
+    "val acc",
+    "gauss sev1-5",
+    "logit sigma=1",
+    "2x res",
+    CORRUPTION_15X5,
+    PGD_2,
+    "entropy init",
+    "entropy end",
+    "entropy 2x res",
+    "eval clean acc",
+    "torch",
+    PGD_CHECK,
+)
 
 
 def file_name(preset: str, seed: int) -> str:
@@ -66,24 +82,48 @@ def table_row(metrics: dict, profile: dict, robustness: Optional[dict]) -> Dict[
     return {
         "params": profile.get("params"),
         "MFLOPs/img": profile["flops_per_image"] / 1e6 if "flops_per_image" in profile else None,
-        "train img/s": profile.get("train_img_per_s"), "peak train MB": profile.get("peak_train_mb"),
-        "val acc": metrics["val/acc1"], "gauss sev1-5": _mean(acc("gaussian_noise")),
-        "logit sigma=1": next(iter(acc("logit_noise", 1)), None), "2x res": res2[0]["acc1"] if res2 else None,
+        "train img/s": profile.get("train_img_per_s"),
+        "peak train MB": profile.get("peak_train_mb"),
+        "val acc": metrics["val/acc1"],
+        "gauss sev1-5": _mean(acc("gaussian_noise")),
+        "logit sigma=1": next(iter(acc("logit_noise", 1)), None),
+        "2x res": res2[0]["acc1"] if res2 else None,
         CORRUPTION_15X5: summary.get("published", {}).get("mean_corruption_acc1"),
-        PGD_2: summary.get("pgd_linf_acc1", {}).get("2/255") if check == "ok" else None, PGD_CHECK: check,
-        "entropy init": _layer_mean(metrics, "entropy_init/"), "entropy end": _layer_mean(metrics, "entropy/"),
+        PGD_2: summary.get("pgd_linf_acc1", {}).get("2/255") if check == "ok" else None,
+        PGD_CHECK: check,
+        "entropy init": _layer_mean(metrics, "entropy_init/"),
+        "entropy end": _layer_mean(metrics, "entropy/"),
         "entropy 2x res": res2[0].get("entropy") if res2 else None,
-        "eval clean acc": clean[0]["acc1"] if clean else None, "torch": profile.get("torch"),
+        "eval clean acc": clean[0]["acc1"] if clean else None,
+        "torch": profile.get("torch"),
     }
 
 
-def build(budget: str, label: str, preset: str, seed: int, recipe: str, overrides: Sequence[str], metrics: dict,
-          profile: dict, robustness: Optional[dict]) -> dict:
+def build(
+    budget: str,
+    label: str,
+    preset: str,
+    seed: int,
+    recipe: str,
+    overrides: Sequence[str],
+    metrics: dict,
+    profile: dict,
+    robustness: Optional[dict],
+) -> dict:
     """One run's result file; ``robustness`` holds this run's records only (``checkpoint`` = its eval key)."""
-    return {"format": FORMAT, "budget": budget, "label": label, "preset": preset, "seed": seed, "recipe": recipe,
-            "overrides": list(overrides), "row": table_row(metrics, profile, robustness),
-            "metrics": {k: v for k, v in metrics.items() if not k.startswith("best_")},  # no local paths
-            "profile": profile, "robustness": robustness}
+    return {
+        "format": FORMAT,
+        "budget": budget,
+        "label": label,
+        "preset": preset,
+        "seed": seed,
+        "recipe": recipe,
+        "overrides": list(overrides),
+        "row": table_row(metrics, profile, robustness),
+        "metrics": {k: v for k, v in metrics.items() if not k.startswith("best_")},  # no local paths
+        "profile": profile,
+        "robustness": robustness,
+    }
 
 
 def read(path: Path, budget: str) -> dict:
@@ -91,16 +131,24 @@ def read(path: Path, budget: str) -> dict:
     try:
         result = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise SystemExit(f"{path}: not a readable zoo result file ({err}); pass the files from a zoo run's "
-                         "<out>/per-run/ folder")
-    missing = [k for k in ("format", "budget", "label", "preset", "seed", "recipe", "overrides", "row")
-               if not isinstance(result, dict) or k not in result]
+        raise SystemExit(
+            f"{path}: not a readable zoo result file ({err}); pass the files from a zoo run's <out>/per-run/ folder"
+        )
+    missing = [
+        k
+        for k in ("format", "budget", "label", "preset", "seed", "recipe", "overrides", "row")
+        if not isinstance(result, dict) or k not in result
+    ]
     if missing:
-        raise SystemExit(f"{path}: not a zoo result file (no {', '.join(missing)}); pass the files from a zoo run's "
-                         "<out>/per-run/ folder")
+        raise SystemExit(
+            f"{path}: not a zoo result file (no {', '.join(missing)}); pass the files from a zoo run's "
+            "<out>/per-run/ folder"
+        )
     if result["format"] != FORMAT:
-        raise SystemExit(f"{path}: result format {result['format']}, this harness reads format {FORMAT}; "
-                         "re-run its report phase with the harness that wrote it")
+        raise SystemExit(
+            f"{path}: result format {result['format']}, this harness reads format {FORMAT}; "
+            "re-run its report phase with the harness that wrote it"
+        )
     if result["budget"] != budget:
         raise SystemExit(f"{path}: a `{result['budget']}` budget result; merge it with --budget {result['budget']}")
     return result
@@ -115,8 +163,11 @@ def write(result: dict, folder: Path) -> Path:
 
 def _phases(result: dict) -> set:
     """The phases a result file holds besides training."""
-    return {name for name, there in (("profile", result["profile"]),
-                                     ("eval", (result["robustness"] or {}).get("records"))) if there}
+    return {
+        name
+        for name, there in (("profile", result["profile"]), ("eval", (result["robustness"] or {}).get("records")))
+        if there
+    }
 
 
 def _recipe(result: dict) -> tuple:
@@ -149,8 +200,10 @@ def add(results: Sequence[tuple], folder: Path, budget: str) -> List[str]:
     for origin, result in results:
         if recipes and _recipe(result) not in recipes:
             have = "; ".join(f"{name} {list(extra)}" for name, extra in sorted(recipes))
-            raise SystemExit(f"{origin}: trained with {result['recipe']} {result['overrides']}, but {folder} holds "
-                             f"results of {have}; report it into another --out")
+            raise SystemExit(
+                f"{origin}: trained with {result['recipe']} {result['overrides']}, but {folder} holds "
+                f"results of {have}; report it into another --out"
+            )
         recipes.add(_recipe(result))
     lines = []
     for origin, result in results:
@@ -160,8 +213,10 @@ def add(results: Sequence[tuple], folder: Path, budget: str) -> List[str]:
             lines.append(f"{key}: unchanged")
             continue
         if old is not None and old["metrics"] == result["metrics"] and _phases(old) - _phases(result):
-            lines.append(f"{key}: kept; the one from {origin} is the same training with less done "
-                         f"({', '.join(sorted(_phases(old) - _phases(result)))} missing)")
+            lines.append(
+                f"{key}: kept; the one from {origin} is the same training with less done "
+                f"({', '.join(sorted(_phases(old) - _phases(result)))} missing)"
+            )
             continue
         write(result, folder)
         present[key] = result

@@ -1,4 +1,5 @@
 """The zoo's table: results.csv (one line per run) and results.md (one row per preset, with what the numbers are)."""
+
 from __future__ import annotations
 
 import csv
@@ -10,9 +11,24 @@ import zoo_results
 from zoo_plan import PRESETS, ROOT, Budget, recipe_path
 from zoo_results import CORRUPTION_15X5, PGD_2, PGD_CHECK
 
-COLUMNS = ("mechanism", "preset", "seeds", "params", "MFLOPs/img", "train img/s", "peak train MB", "val acc",
-           "gauss sev1-5", "logit sigma=1", "2x res", CORRUPTION_15X5, PGD_2, "entropy init", "entropy end",
-           "entropy 2x res")
+COLUMNS = (
+    "mechanism",
+    "preset",
+    "seeds",
+    "params",
+    "MFLOPs/img",
+    "train img/s",
+    "peak train MB",
+    "val acc",
+    "gauss sev1-5",
+    "logit sigma=1",
+    "2x res",
+    CORRUPTION_15X5,
+    PGD_2,
+    "entropy init",
+    "entropy end",
+    "entropy 2x res",
+)
 CSV_ONLY = ("eval clean acc", "torch", "hardware", PGD_CHECK)  # in results.csv, not in the table
 SAYS_WHY = (CORRUPTION_15X5, PGD_2)  # columns whose missing value names its reason (in the table and the CSV)
 NO_CHECKPOINT, EVAL_PENDING = "not run: no checkpoint", "not run: eval phase pending"
@@ -26,8 +42,11 @@ def mean(values: Sequence[float]) -> float:
 def order(result: dict) -> tuple:
     """Rows in the order of the presets (softmax first), then by seed."""
     presets = [preset for _, preset in PRESETS]
-    return (presets.index(result["preset"]) if result["preset"] in presets else len(presets), result["preset"],
-            result["seed"])
+    return (
+        presets.index(result["preset"]) if result["preset"] in presets else len(presets),
+        result["preset"],
+        result["seed"],
+    )
 
 
 def with_records(results: List[dict]) -> List[dict]:
@@ -106,8 +125,15 @@ def _table(rows: Dict[str, List[dict]], checkpoints: Checkpoints) -> List[str]:
     return lines
 
 
-def write_markdown(results: List[dict], budget_name: str, budget: Budget, command: str, checkpoints: Checkpoints,
-                   drawn: List[str], path: Path) -> None:
+def write_markdown(
+    results: List[dict],
+    budget_name: str,
+    budget: Budget,
+    command: str,
+    checkpoints: Checkpoints,
+    drawn: List[str],
+    path: Path,
+) -> None:
     """results.md: what the runs are and how each column was measured, the table, a note on the cells that were
     not measured, and the plots (``drawn``: the sweep curves' files)."""
     curves = with_records(results)
@@ -119,9 +145,11 @@ def write_markdown(results: List[dict], budget_name: str, budget: Budget, comman
     extra = results[0]["overrides"]
     no_curves = [f"`{zoo_results.file_name(r['preset'], r['seed'])}`" for r in results if r not in curves]
     text = [
-        f"# Zoo benchmark, `{budget_name}` budget", "",
+        f"# Zoo benchmark, `{budget_name}` budget",
+        "",
         f"{len(results)} runs, one result file each in `per-run/`, merged by `{command}` on "
-        f"{time.strftime('%Y-%m-%d')}. Profiled on {_provenance(results)}.", "",
+        f"{time.strftime('%Y-%m-%d')}. Profiled on {_provenance(results)}.",
+        "",
         f"Recipe: `{exp}`" + (f" with `{' '.join(extra)}`" if extra else "") + " (same data split, seed, "
         "augmentation, optimiser and epochs for every row); model size: "
         f"ViT `{budget.vit_kwargs}`, non-local ResNet-18 `{budget.resnet_kwargs or 'full width'}`.",
@@ -137,23 +165,37 @@ def write_markdown(results: List[dict], budget_name: str, budget: Budget, comman
         "baseline, fp32) during those steps come from the profile phase, run one "
         "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
         "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
-        "eval images at twice the training size.", "",
-        *table, "",
+        "eval images at twice the training size.",
+        "",
+        *table,
+        "",
     ]
     not_run = [status for status in (NO_CHECKPOINT, EVAL_PENDING) if any(status in line for line in table)]
     if NO_CHECKPOINT in not_run:
-        text += [f"`{NO_CHECKPOINT}`: the run's result file holds no records of these tests (its eval sweep did "
-                 "not include them) and its checkpoint is not in the work dir (result files are kept, "
-                 "checkpoints are not), so only training the run again can measure them.", ""]
+        text += [
+            f"`{NO_CHECKPOINT}`: the run's result file holds no records of these tests (its eval sweep did "
+            "not include them) and its checkpoint is not in the work dir (result files are kept, "
+            "checkpoints are not), so only training the run again can measure them.",
+            "",
+        ]
     if EVAL_PENDING in not_run:
-        text += [f"`{EVAL_PENDING}`: the run's checkpoint is in the work dir, but its eval records lack these tests: "
-                 "`--phases eval,report` measures them.", ""]
+        text += [
+            f"`{EVAL_PENDING}`: the run's checkpoint is in the work dir, but its eval records lack these tests: "
+            "`--phases eval,report` measures them.",
+            "",
+        ]
     text += ["![summary](summary.png)", ""]
     if curves:
         adversarial = " ![adversarial](adversarial.png)" if "adversarial.png" in drawn else ""
-        text += ["![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)"
-                 + adversarial, ""]
+        text += [
+            "![gaussian noise](corruptions.png) ![logit noise](logit_noise.png) ![resolution](resolution.png)"
+            + adversarial,
+            "",
+        ]
     if no_curves:
-        text += [f"No sweep curves for {', '.join(no_curves)}: converted from the table of an earlier harness "
-                 "version, which kept the numbers but not the sweep records.", ""]
+        text += [
+            f"No sweep curves for {', '.join(no_curves)}: converted from the table of an earlier harness "
+            "version, which kept the numbers but not the sweep records.",
+            "",
+        ]
     path.write_text("\n".join(text))

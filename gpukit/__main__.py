@@ -1,5 +1,6 @@
 """``python -m gpukit prepare --data TAR`` here; ``python3 -m gpukit run --out DIR [--rehearse]`` there;
 ``python -m gpukit merge ARCHIVE`` here again, with what came back."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,15 +17,25 @@ def parse_args(argv=None):
     prep.add_argument("--kit", type=Path, default=None, help=f"the kit folder (default: {KIT} in the repo root)")
     run = sub.add_parser("run", help="every phase under its time budget; summary.md + one archive into --out")
     run.add_argument("--out", required=True, help="folder for summary.md and the archive (on the GPU machine: $OUT)")
-    run.add_argument("--rehearse", action="store_true", help="on this CPU at tiny sizes, with this interpreter's "
-                                                             "packages (what CI runs)")
+    run.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="on this CPU at tiny sizes, with this interpreter's packages (what CI runs)",
+    )
     run.add_argument("--phases", default=None, help="comma list from tests,kernels,e2e,zoo (default: all)")
-    run.add_argument("--budget-s", type=float, default=None,
-                     help=f"seconds for the whole run (default {BUDGET_S}; rehearsal {REHEARSAL_BUDGET_S}); give the "
-                          f"command {TIME_LIMIT_S} s for the default")
-    run.add_argument("--zoo-epochs", type=int, default=None,
-                     help="the zoo's epoch count, no probe (a second command matching the first one's, whose "
-                          "summary names it)")
+    run.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"seconds for the whole run (default {BUDGET_S}; rehearsal {REHEARSAL_BUDGET_S}); give the "
+        f"command {TIME_LIMIT_S} s for the default",
+    )
+    run.add_argument(
+        "--zoo-epochs",
+        type=int,
+        default=None,
+        help="the zoo's epoch count, no probe (a second command matching the first one's, whose summary names it)",
+    )
     run.add_argument("--zoo-presets", default=None, help="comma list of the zoo's presets (default: all)")
     merge = sub.add_parser("merge", help="a GPU run's archive into docs/benchmarks/attention_cuda.* and docs/zoo/gpu/")
     merge.add_argument("archive", type=Path, help=f"the {ARCHIVE} a run left in $OUT")
@@ -39,12 +50,15 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "prepare":
         from .prepare import main as prepare
+
         prepare(args)
     elif args.command == "merge":
         from .merge import main as merge
+
         merge(args)
     else:
         from .run import main as run
+
         run(args)
 
 

@@ -4,6 +4,7 @@ from there: the standard library, the checkout, the GPU machine's packages or th
 
 An import inside ``try: ... except ImportError`` is optional (the code runs without it) and not counted.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,16 @@ from .layout import ROOT
 from .phases import CPU_SIDE
 from .wheels import ROOTS, gpu_packages, normalise
 
-RUN_FILES = ["train.py", "eval.py", "benchmarks/attention.py", "benchmarks/memory.py", "tests/conftest.py",
-             "tests/attention_reference.py", "tests/test_kernels_cuda.py", *CPU_SIDE]
+RUN_FILES = [
+    "train.py",
+    "eval.py",
+    "benchmarks/attention.py",
+    "benchmarks/memory.py",
+    "tests/conftest.py",
+    "tests/attention_reference.py",
+    "tests/test_kernels_cuda.py",
+    *CPU_SIDE,
+]
 RUN_GLOBS = ["gpukit/*.py", "vitzoo/**/*.py", "benchmarks/zoo*.py"]
 # modules of vitzoo code that no kit phase reaches, with the reason
 NOT_RUN = {"litdata": "vitzoo.data.pack and data=shards (ImageNet shards); the kit's zoo reads the CIFAR-10 JPEG tree"}

@@ -1,4 +1,5 @@
 """Where the kit lives and what travels: names shared by ``prepare`` (here) and ``run`` (there); stdlib only."""
+
 from __future__ import annotations
 
 import subprocess
@@ -20,6 +21,11 @@ def folder_mib(folder: Path) -> float:
 
 def repo_mib() -> float:
     """The size of what travels of the working tree: tracked files and untracked ones git does not ignore."""
-    names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    names = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     return sum((ROOT / n).stat().st_size for n in names if n and (ROOT / n).is_file()) / 2**20

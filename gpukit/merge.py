@@ -5,6 +5,7 @@ summary's environment lines, one CSV of every run, the B*H = 32 bf16 plot) with 
 and ``attention_cuda_e2e.csv`` beside them; the zoo's result files join ``docs/zoo/gpu/`` through
 ``benchmarks/zoo.py --phases report --merge``. A rehearsal's archive holds CPU numbers and is refused.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -31,19 +32,28 @@ def kernel_docs(results: Path, dest: Path) -> list:
             lines = (folder / "attention_cuda.csv").read_text().splitlines()
             header, rows = lines[0], rows + lines[1:]
     if header is None:
-        raise SystemExit(f"{results}: no kernel table (kernels/<run>/attention_cuda.csv); the kernel phase did not "
-                         "finish a run, see summary.md")
+        raise SystemExit(
+            f"{results}: no kernel table (kernels/<run>/attention_cuda.csv); the kernel phase did not "
+            "finish a run, see summary.md"
+        )
     dest.mkdir(parents=True, exist_ok=True)
     e2e = results / "end_to_end" / "table.txt"
-    text = "\n".join(["# attention on CUDA (python3 -m gpukit run)", *env, *tables,
-                      *(["\n## end to end\n", e2e.read_text()] if e2e.is_file() else [])])
+    text = "\n".join(
+        [
+            "# attention on CUDA (python3 -m gpukit run)",
+            *env,
+            *tables,
+            *(["\n## end to end\n", e2e.read_text()] if e2e.is_file() else []),
+        ]
+    )
     written = [dest / "attention_cuda.txt", dest / "attention_cuda.csv"]
     written[0].write_text(text)
     written[1].write_text("\n".join([header, *rows]) + "\n")
-    for src, name in [(results / "kernels" / KERNEL_RUNS[0][0] / "attention_cuda.png", "attention_cuda.png"),
-                      (results / "kernels" / KERNEL_RUNS[0][0] / "attention_cuda_accuracy.csv",
-                       "attention_cuda_accuracy.csv"),
-                      (results / "end_to_end" / "attention_cuda_e2e.csv", "attention_cuda_e2e.csv")]:
+    for src, name in [
+        (results / "kernels" / KERNEL_RUNS[0][0] / "attention_cuda.png", "attention_cuda.png"),
+        (results / "kernels" / KERNEL_RUNS[0][0] / "attention_cuda_accuracy.csv", "attention_cuda_accuracy.csv"),
+        (results / "end_to_end" / "attention_cuda_e2e.csv", "attention_cuda_e2e.csv"),
+    ]:
         if src.is_file():
             shutil.copy2(src, dest / name)
             written.append(dest / name)
@@ -65,5 +75,19 @@ def main(args) -> None:
         if not any(per_run.glob("*.json")):
             print("no zoo result files in the archive (the zoo phase finished no run)")
             return
-        subprocess.run([sys.executable, "benchmarks/zoo.py", "--budget", "gpu", "--phases", "report", "--merge",
-                        str(per_run), "--out", str(Path(args.docs) / "zoo" / "gpu")], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "benchmarks/zoo.py",
+                "--budget",
+                "gpu",
+                "--phases",
+                "report",
+                "--merge",
+                str(per_run),
+                "--out",
+                str(Path(args.docs) / "zoo" / "gpu"),
+            ],
+            cwd=ROOT,
+            check=True,
+        )

@@ -1,4 +1,5 @@
 """Commands under deadlines: each one's output in its own log, killed with its children when its time is up."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,9 @@ class Steps:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def start(self, name: str, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
-              stdout: Optional[Path] = None):
+    def start(
+        self, name: str, argv: Sequence[str], env: Optional[Dict[str, str]] = None, stdout: Optional[Path] = None
+    ):
         """Start ``argv``: its output into ``logs/<name>.log`` (stdout into ``stdout`` instead, when given)."""
         log = self.logs / f"{name}.log"
         out = open(log, "w")
@@ -56,9 +58,14 @@ class Steps:
         if stdout is not None:
             stdout.parent.mkdir(parents=True, exist_ok=True)
             table = open(stdout, "w")
-        proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, stdout=table or out,
-                                stderr=out if table else subprocess.STDOUT, env={**self.env, **(env or {})},
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(a) for a in argv],
+            cwd=ROOT,
+            stdout=table or out,
+            stderr=out if table else subprocess.STDOUT,
+            env={**self.env, **(env or {})},
+            start_new_session=True,
+        )
         if table:
             table.close()  # the child holds its own copy
         return name, proc, out, log, time.monotonic()
@@ -78,8 +85,15 @@ class Steps:
             steps.append(Step(name, rc, time.monotonic() - t0, log))
         return steps
 
-    def run(self, name: str, argv: Sequence[str], cap: float = float("inf"), min_s: float = 5.0,
-            env: Optional[Dict[str, str]] = None, stdout: Optional[Path] = None) -> Step:
+    def run(
+        self,
+        name: str,
+        argv: Sequence[str],
+        cap: float = float("inf"),
+        min_s: float = 5.0,
+        env: Optional[Dict[str, str]] = None,
+        stdout: Optional[Path] = None,
+    ) -> Step:
         """One command for at most ``cap`` seconds; skipped when less than ``min_s`` is left before the deadline."""
         if self.left() < min_s:
             return Step(name, None, 0.0, None, skipped=f"{max(self.left(), 0):.0f} s left of the phase's budget")

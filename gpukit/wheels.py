@@ -4,6 +4,7 @@ A requirement comes from a wheel's METADATA (``Requires-Dist``), its marker eval
 (CPython 3.12 on x86-64 Linux, no extras). It is met when its distribution is in ``gpu_packages.txt`` or already
 in the kit; otherwise it is downloaded, at the version this environment has where that satisfies it.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -15,9 +16,18 @@ from typing import Iterable, List, NamedTuple, Optional
 from packaging.requirements import Requirement
 
 GPU_PACKAGES = Path(__file__).with_name("gpu_packages.txt")
-GPU_MARKERS = dict(python_version="3.12", python_full_version="3.12.3", implementation_name="cpython",
-                   implementation_version="3.12.3", platform_python_implementation="CPython", os_name="posix",
-                   sys_platform="linux", platform_system="Linux", platform_machine="x86_64", extra="")
+GPU_MARKERS = dict(
+    python_version="3.12",
+    python_full_version="3.12.3",
+    implementation_name="cpython",
+    implementation_version="3.12.3",
+    platform_python_implementation="CPython",
+    os_name="posix",
+    sys_platform="linux",
+    platform_system="Linux",
+    platform_machine="x86_64",
+    extra="",
+)
 
 
 class Root(NamedTuple):
@@ -66,8 +76,9 @@ def requirements(wheel: Path) -> List[Requirement]:
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
         text = z.read(meta).decode()
-    found = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines()
-             if line.startswith("Requires-Dist:")]
+    found = [
+        Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines() if line.startswith("Requires-Dist:")
+    ]
     return [r for r in found if r.marker is None or r.marker.evaluate(GPU_MARKERS)]
 
 

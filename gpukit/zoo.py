@@ -6,6 +6,7 @@ side on the GPU (each assumed to get 1/WORKERS of the probe's rate). With E = 1 
 zoo run; otherwise it is retrained. Each run's result file, the table and the plots come from one report call
 over the runs that finished; stopped runs have no result file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,8 +26,14 @@ REPORT_S, REHEARSAL_REPORT_S = 25, 15  # kept for the report call
 # rehearsal: the cpu budget (the gpu one refuses a machine without CUDA), a single-seed preset (its probe run is its
 # zoo run: no worker starts), a tiny model
 REHEARSAL_PRESETS = ("vit_efficient",)
-TINY = ["data.batch_size=8", "data.eval_batch_size=16", "data.num_workers=0", "++model.kwargs.depth=1",
-        "++model.kwargs.embed_dim=32", "++model.kwargs.num_heads=2"]
+TINY = [
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.num_workers=0",
+    "++model.kwargs.depth=1",
+    "++model.kwargs.embed_dim=32",
+    "++model.kwargs.num_heads=2",
+]
 
 
 def recipe_of(e: int) -> List[str]:
@@ -48,8 +55,7 @@ def probe_rate(log: Path) -> float:
     return float(rates[-1])
 
 
-def epochs(left_s: float, runs: int, workers: int, rate: float, overhead_s: float, images: int,
-           cap: int) -> int:
+def epochs(left_s: float, runs: int, workers: int, rate: float, overhead_s: float, images: int, cap: int) -> int:
     """The most epochs (1..cap) with which ``runs`` runs, ``workers`` at a time each at rate / workers img/s and
     ``overhead_s`` of start-up, fit ``left_s``."""
     per_run = left_s / math.ceil(runs / workers) - overhead_s
@@ -67,8 +73,22 @@ def zoo(ctx: Context) -> Outcome:
     workers, cap, report_s = (1, 1, REHEARSAL_REPORT_S) if ctx.rehearse else (WORKERS, MAX_EPOCHS, REPORT_S)
 
     def harness(presets_: List[str], phases: str, tag: str, overrides: List[str]):
-        argv = [ctx.python, "benchmarks/zoo.py", "--budget", budget, "--data", data, "--presets", ",".join(presets_),
-                "--phases", phases, "--work", work / tag, "--out", out / f"{tag}-report"]
+        argv = [
+            ctx.python,
+            "benchmarks/zoo.py",
+            "--budget",
+            budget,
+            "--data",
+            data,
+            "--presets",
+            ",".join(presets_),
+            "--phases",
+            phases,
+            "--work",
+            work / tag,
+            "--out",
+            out / f"{tag}-report",
+        ]
         return argv + [a for o in [*overrides, *extra] for a in ("--override", o)]
 
     if ctx.zoo_epochs:  # given: no probe (a second command joining the first one's recipe)
@@ -87,19 +107,24 @@ def zoo(ctx: Context) -> Outcome:
             shutil.rmtree(probe_dir)  # trained with another recipe: the worker trains it again
     recipe = recipe_of(e)
     todo = [n for n in names if not (work / "zoo" / n / "seed0" / "metrics.json").is_file()]
-    started = [ctx.steps.start(f"d-worker{i}", harness(todo[i::workers], "train", "zoo", recipe))
-               for i in range(min(workers, len(todo)))]
+    started = [
+        ctx.steps.start(f"d-worker{i}", harness(todo[i::workers], "train", "zoo", recipe))
+        for i in range(min(workers, len(todo)))
+    ]
     steps += ctx.steps.wait(started, cap=ctx.steps.left() - report_s)
     steps.append(ctx.steps.run("d-report", harness(names, "report", "zoo", recipe), min_s=3))
     keep_logs(work, out / "logs")
     finished = finished_runs(out / "zoo-report" / "results.csv")
     accs = sorted(finished.values())
-    headline = (f"{plan}, {workers} runs at a time; {len(finished)} of {len(names)} presets finished"
-                + (f"; val acc {accs[0]:.1%}-{accs[-1]:.1%}" if accs else ""))
+    headline = f"{plan}, {workers} runs at a time; {len(finished)} of {len(names)} presets finished" + (
+        f"; val acc {accs[0]:.1%}-{accs[-1]:.1%}" if accs else ""
+    )
     left = [n for n in names if n not in finished]
-    notes = [f"trained with: {' '.join(recipe + extra)}",
-             f"not finished: {','.join(left)}" if left else "every preset finished",
-             *([f"the rest: --phases zoo --zoo-epochs {e} --zoo-presets {','.join(left)}"] if left else [])]
+    notes = [
+        f"trained with: {' '.join(recipe + extra)}",
+        f"not finished: {','.join(left)}" if left else "every preset finished",
+        *([f"the rest: --phases zoo --zoo-epochs {e} --zoo-presets {','.join(left)}"] if left else []),
+    ]
     return Outcome(steps, headline, "\n".join(notes))
 
 

@@ -3,6 +3,7 @@
 Tensors are (B, H, N, D) like ``vitzoo.attention.functional``. Every function returns
 ``(out, A)``: the output and the (implied) attention matrix whose rows mix the values.
 """
+
 import math
 
 import pytest
@@ -101,11 +102,11 @@ def dwc_ref(v, conv, grid, prefix):
     weight, bias = conv.weight.double()[:, 0], conv.bias.double()  # (H*D, k, k), (H*D,)
     r = weight.shape[-1] // 2
     img = torch.zeros(B, H * D, h + 2 * r, w + 2 * r, dtype=torch.float64)
-    img[:, :, r:r + h, r:r + w] = v.double()[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, h, w)
+    img[:, :, r : r + h, r : r + w] = v.double()[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, h, w)
     out = bias[None, :, None, None].expand(B, -1, h, w).clone()
     for a in range(2 * r + 1):
         for b in range(2 * r + 1):
-            out += weight[None, :, a, b, None, None] * img[:, :, a:a + h, b:b + w]
+            out += weight[None, :, a, b, None, None] * img[:, :, a : a + h, b : b + w]
     grid_out = out.reshape(B, H, D, h * w).transpose(-2, -1)
     return torch.cat([torch.zeros(B, H, prefix, D, dtype=torch.float64), grid_out], dim=2)
 

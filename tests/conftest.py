@@ -2,6 +2,7 @@
 
 The tiny training runs compose ``debug=tiny_vit`` (or ``debug=tiny_resnet``): configs/debug/, usable from the
 command line too."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,7 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-sys.path.append(str(ROOT / "benchmarks"))  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
+sys.path.append(
+    str(ROOT / "benchmarks")
+)  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
 
 ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
 QUIET = ["debug=quiet"]  # on the CPU, a log line every step, no progress bar (the tiny and digits runs include it)
@@ -30,19 +33,28 @@ def compose_config(output_dir: Path, overrides: Sequence[str] = (), name: str = 
         return compose(name, overrides=[*overrides, f"paths.output_dir={output_dir}"])
 
 
-def run_python(*args, cwd: Path = ROOT, env: Optional[Mapping[str, str]] = None, timeout: float = 300,
-               check: bool = False) -> subprocess.CompletedProcess:
+def run_python(
+    *args, cwd: Path = ROOT, env: Optional[Mapping[str, str]] = None, timeout: float = 300, check: bool = False
+) -> subprocess.CompletedProcess:
     """``python *args`` in a fresh interpreter from ``cwd`` (the repo root), stdout and stderr captured as text;
     ``check``: assert it exited 0, showing the end of its output."""
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
-def write_image_folder(root: Path, classes: Sequence[str] = ("a", "b"), per_class: int = 4, size=(20, 20),
-                       split: str = "train", suffix: str = ".png", seed: int = 0) -> Path:
+def write_image_folder(
+    root: Path,
+    classes: Sequence[str] = ("a", "b"),
+    per_class: int = 4,
+    size=(20, 20),
+    split: str = "train",
+    suffix: str = ".png",
+    seed: int = 0,
+) -> Path:
     """``root/<split>/<class>/<i><suffix>``: ``per_class`` uniform-noise RGB images of ``size`` (h, w) per class."""
     rng = np.random.default_rng(seed)
     for name in classes:
@@ -64,8 +76,16 @@ class CrashAtStep(L.Callback):
 
 
 # Ops whose answer the host must wait for on a GPU: a tensor read as a number, or an output sized by the data.
-SYNC_OPS = {"_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select",
-            "bincount", "repeat_interleave"}
+SYNC_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "masked_select",
+    "bincount",
+    "repeat_interleave",
+}
 
 
 class SyncOps(TorchDispatchMode):

@@ -7,6 +7,7 @@ The shims live here, scoped to that module: nothing else in the test process see
 without its dependencies (it asks for opencv-python, which clashes with albumentations'
 opencv-python-headless): ``pip install --no-deps imagecorruptions==1.1.2 scikit-image``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,6 +37,7 @@ def _gaussian_with_multichannel(gaussian):
         if multichannel:
             kwargs.setdefault("channel_axis", -1)
         return gaussian(image, sigma=sigma, **kwargs)
+
     return shim
 
 
@@ -43,6 +45,7 @@ def load():
     """``imagecorruptions.corruptions`` with the shims, or skip the test with the line that installs it."""
     try:
         import skimage.filters
+
         cached = sys.modules.get("imagecorruptions.corruptions")
         if cached is None:
             fake = types.ModuleType("pkg_resources")
@@ -69,9 +72,11 @@ def feeding(monkeypatch, **draws):
     ``feeding(monkeypatch, normal=[a], uniform=[b, c])``. Fails if a draw is left over."""
     queues = {name: list(values) for name, values in draws.items()}
     for name in queues:
+
         def take(*args, _name=name, **kwargs):
             assert queues[_name], f"the reference drew np.random.{_name} more often than fed"
             return queues[_name].pop(0)
+
         monkeypatch.setattr(np.random, name, take)
     yield
     assert not any(queues.values()), f"draws left over: { {k: len(v) for k, v in queues.items() if v} }"
@@ -93,6 +98,7 @@ def at_constants(fn, table, new_table):
     consts = fn.__code__.co_consts
     hits = [i for i, c in enumerate(consts) if isinstance(c, tuple) and c == tuple(table)]
     assert len(hits) == 1, f"{fn.__name__} does not hold the table {table} once"
-    consts = consts[:hits[0]] + (tuple(new_table),) + consts[hits[0] + 1:]
-    return types.FunctionType(fn.__code__.replace(co_consts=consts), fn.__globals__, fn.__name__,
-                              fn.__defaults__, fn.__closure__)
+    consts = consts[: hits[0]] + (tuple(new_table),) + consts[hits[0] + 1 :]
+    return types.FunctionType(
+        fn.__code__.replace(co_consts=consts), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )

@@ -1,5 +1,6 @@
 """Checks shared by the tests of single mechanisms (tests/test_mech_*.py): a tiny module, gradcheck, and
 the mechanism inside both backbones at twice the training resolution against a float64 reference."""
+
 import io
 import math
 
@@ -16,8 +17,9 @@ def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
     """The module for ``spec`` built for ``tokens`` tokens (``prefix`` of them before a square grid)."""
     torch.manual_seed(seed)
     side = math.isqrt(tokens - prefix)
-    return build_attention(spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=prefix,
-                           grid_size=(side, side), **kwargs)
+    return build_attention(
+        spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=prefix, grid_size=(side, side), **kwargs
+    )
 
 
 def assert_one_line_error(spec, fix: str, dim: int, num_heads: int, grid_size=(4, 4), **kwargs) -> None:
@@ -30,17 +32,22 @@ def assert_one_line_error(spec, fix: str, dim: int, num_heads: int, grid_size=(4
 def gradcheck_module(m, x, fast_mode: bool = False) -> bool:
     """torch.autograd.gradcheck of ``m`` (float64) in its input and every parameter."""
     names = [n for n, _ in m.named_parameters()]
-    return torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
-                                    (x.requires_grad_(), *m.parameters()), fast_mode=fast_mode)
+    return torch.autograd.gradcheck(
+        lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
+        (x.requires_grad_(), *m.parameters()),
+        fast_mode=fast_mode,
+    )
 
 
 def backbones(spec):
     """The ViT (32 px, patch 8: a 4x4 grid + class token) and the CIFAR non-local ResNet, built with ``spec``."""
     torch.manual_seed(0)
-    vit = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
-                              num_heads=2, num_classes=3)
-    resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16),
-                                 stem_width=8, num_classes=3)
+    vit = vitzoo.create_model(
+        "vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
+    )
+    resnet = vitzoo.create_model(
+        "nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16), stem_width=8, num_classes=3
+    )
     return {"vit": vit, "resnet": resnet}
 
 
@@ -98,8 +105,9 @@ def check_onnx_at_another_size(spec, prepare):
     eager logits."""
     ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras")
     torch.manual_seed(0)
-    model = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
-                                num_heads=2, num_classes=5).eval()
+    model = vitzoo.create_model(
+        "vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5
+    ).eval()
     for layer in model.modules():
         if isinstance(layer, ZooAttention):
             prepare(layer)

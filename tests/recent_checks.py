@@ -1,6 +1,7 @@
 """Shared by the tests of pola, inline, mlla, rala and lion: float64 pieces written from the formulas (rotations as
 complex numbers, the output gate), and the checks every one of them runs (the module at 1x, 1.5x and 2x its build
 resolution in both backbones against its float64 reference; fused paths against eager ones with gradients)."""
+
 import torch
 
 import vitzoo
@@ -44,10 +45,20 @@ def row_shares(w):
 def backbones(spec):
     """The ViT (32 px, patch 8: 4x4 grid + class token) and the CIFAR non-local ResNet, built with ``spec``."""
     torch.manual_seed(0)
-    vit = vitzoo.create_model("vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1,
-                              num_heads=2, num_classes=3, qkv_bias=True)
-    resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16),
-                                 stem_width=8, num_classes=3)
+    vit = vitzoo.create_model(
+        "vit_tiny",
+        attention=spec,
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        num_classes=3,
+        qkv_bias=True,
+    )
+    resnet = vitzoo.create_model(
+        "nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16), stem_width=8, num_classes=3
+    )
     return {"vit": vit, "resnet": resnet}
 
 
@@ -78,4 +89,3 @@ def check_fused_equals_eager(fused, eager, x):
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-

@@ -1,4 +1,5 @@
 """vitzoo's PGD and FGSM against torchattacks' (the reference) and against their definitions."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,9 @@ EPS = 8 / 255
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
-                         nn.Linear(32, 5)).eval()
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 5)
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +45,17 @@ def test_fgsm_is_one_signed_gradient_step(model, batch):
 
 
 def test_pgd_and_fgsm_equal_torchattacks(model, batch):
-    torchattacks = pytest.importorskip("torchattacks", reason="the reference: pip install --no-deps "
-                                       "torchattacks==3.5.1 (bash .ci/run installs it)")
+    torchattacks = pytest.importorskip(
+        "torchattacks", reason="the reference: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
+    )
     images, labels = batch
     torch.manual_seed(3)  # torchattacks draws the random start from the global generator
     theirs = torchattacks.PGD(model, eps=EPS, alpha=EPS / 4, steps=10, random_start=True)(images, labels)
     ours = pgd(model, images, labels, EPS, EPS / 4, 10, torch.Generator().manual_seed(3))
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
-    torch.testing.assert_close(fgsm(model, images, labels, EPS), torchattacks.FGSM(model, eps=EPS)(images, labels),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        fgsm(model, images, labels, EPS), torchattacks.FGSM(model, eps=EPS)(images, labels), rtol=0, atol=1e-6
+    )
 
 
 def test_adversarial_accuracy_counts_and_refuses_bad_options(model, batch):

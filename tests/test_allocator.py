@@ -1,4 +1,5 @@
 """The glibc allocator setting of eval.py: freed activations are reused, not faulted in again."""
+
 from __future__ import annotations
 
 import sys

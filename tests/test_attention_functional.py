@@ -1,4 +1,5 @@
 """vitzoo.attention.functional against float64 references written from docs/mechanisms.md."""
+
 import math
 
 import pytest
@@ -18,8 +19,11 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 def qkv(shape, seed=0, dtype=torch.float32):
     B, H, Nq, Nk, D, Dv = shape
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, Nq, D, generator=g, dtype=dtype), torch.randn(B, H, Nk, D, generator=g, dtype=dtype),
-            torch.randn(B, H, Nk, Dv, generator=g, dtype=dtype))
+    return (
+        torch.randn(B, H, Nq, D, generator=g, dtype=dtype),
+        torch.randn(B, H, Nk, D, generator=g, dtype=dtype),
+        torch.randn(B, H, Nk, Dv, generator=g, dtype=dtype),
+    )
 
 
 def close(actual, expected, **tol):
@@ -107,8 +111,8 @@ def test_entropy_scale_formula(d, n, n_train):
 
 @pytest.mark.parametrize("d", [1, 16, 64])
 def test_entropy_scale_equals_inverse_sqrt_d_at_training_length(d):
-    assert AF.entropy_scale(d, 65, 65) == pytest.approx(d ** -0.5, rel=1e-12)
-    assert AF.entropy_scale(d, 257, 65) > d ** -0.5 > AF.entropy_scale(d, 17, 65)
+    assert AF.entropy_scale(d, 65, 65) == pytest.approx(d**-0.5, rel=1e-12)
+    assert AF.entropy_scale(d, 257, 65) > d**-0.5 > AF.entropy_scale(d, 17, 65)
 
 
 def test_entropy_scale_rejects_degenerate_training_length():

@@ -1,4 +1,5 @@
 """Attention modules (the timm ``attn_layer`` contract) against float64 references, and the registry."""
+
 import math
 
 import pytest
@@ -8,8 +9,14 @@ import torch.nn as nn
 import vitzoo
 from vitzoo.attention import ZooAttention, attention_options, build_attention, resolve_attention
 
-from attention_reference import (efficient_ref, kernel_ref, module_out, module_qkv,  # noqa: F401
-                                 single_thread, softmax_ref)
+from attention_reference import (
+    efficient_ref,
+    kernel_ref,
+    module_out,
+    module_qkv,  # noqa: F401
+    single_thread,  # noqa: F401 (an autouse fixture)
+    softmax_ref,
+)
 
 LINEAR_IMPLS = ["eager", "torch"]
 TOKEN_TO_TOKEN = ["softmax", "linear", "taylor", "efficient"]  # no position enters the mixing
@@ -24,8 +31,9 @@ def standalone(name, **options):
 def build(spec, dim=16, num_heads=2, seed=0, tokens=16, **kwargs):
     torch.manual_seed(seed)
     side = math.isqrt(tokens)
-    return build_attention(spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=0,
-                           grid_size=(side, side), **kwargs)
+    return build_attention(
+        spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=0, grid_size=(side, side), **kwargs
+    )
 
 
 def tokens(B=2, N=16, C=16, seed=1):
@@ -42,11 +50,19 @@ def _ref_mix(kind):
     }[kind]
 
 
-MODULE_CASES = [("softmax", {"name": "softmax"}), ("softmax", {"name": "softmax", "fused": False}),
-                ("efficient", {"name": "efficient"})] + [
+MODULE_CASES = [
+    ("softmax", {"name": "softmax"}),
+    ("softmax", {"name": "softmax", "fused": False}),
+    ("efficient", {"name": "efficient"}),
+] + [
     (kind, {"name": name, "impl": impl, **extra})
     for impl in LINEAR_IMPLS
-    for kind, name, extra in [("elu", "linear", {}), ("relu", "linear", {"feature_map": "relu"}), ("taylor", "taylor", {})]]
+    for kind, name, extra in [
+        ("elu", "linear", {}),
+        ("relu", "linear", {"feature_map": "relu"}),
+        ("taylor", "taylor", {}),
+    ]
+]
 HEADS = [{"heads": "split"}, {"heads": "projected"}, {"heads": "projected", "head_dim": 5}]
 
 
@@ -93,9 +109,13 @@ def test_softmax_module_masks_and_causal(fused):
     q, k, v = module_qkv(attn, x)
     keep = torch.rand(16, 16, generator=torch.Generator().manual_seed(3)) > 0.4
     keep.fill_diagonal_(True)
-    torch.testing.assert_close(attn(x, attn_mask=keep).double(), module_out(attn, softmax_ref(q, k, v, mask=keep)[0]), **TOL)
+    torch.testing.assert_close(
+        attn(x, attn_mask=keep).double(), module_out(attn, softmax_ref(q, k, v, mask=keep)[0]), **TOL
+    )
     tril = torch.ones(16, 16, dtype=torch.bool).tril()
-    torch.testing.assert_close(attn(x, is_causal=True).double(), module_out(attn, softmax_ref(q, k, v, mask=tril)[0]), **TOL)
+    torch.testing.assert_close(
+        attn(x, is_causal=True).double(), module_out(attn, softmax_ref(q, k, v, mask=tril)[0]), **TOL
+    )
 
 
 @pytest.mark.parametrize("name", ["linear", "taylor"])
@@ -110,14 +130,29 @@ def test_linear_module_causal_flag_and_option_agree_with_reference(name):
 
 
 # What each mechanism has no form for (attn_mask, is_causal); a new mechanism must say here.
-REFUSES = {"softmax": (), "linear": ("attn_mask",), "taylor": ("attn_mask",), "performer": ("attn_mask",),
-           "efficient": ("attn_mask", "is_causal"), "hydra": ("attn_mask", "is_causal"),
-           "focused_linear": ("attn_mask", "is_causal"), "agent": ("attn_mask", "is_causal"),
-           "linformer": ("attn_mask", "is_causal"), "nystrom": ("attn_mask", "is_causal"),
-           "window": ("attn_mask", "is_causal"), "pola": ("attn_mask", "is_causal"),
-           "inline": ("attn_mask", "is_causal"), "mlla": ("attn_mask", "is_causal"),
-           "rala": ("attn_mask", "is_causal"), "lion": ("attn_mask", "is_causal"), "synth_random": (),
-           "synth_factorized_random": (), "synth_dense": (), "synth_factorized_dense": (), "synth_mix": ()}
+REFUSES = {
+    "softmax": (),
+    "linear": ("attn_mask",),
+    "taylor": ("attn_mask",),
+    "performer": ("attn_mask",),
+    "efficient": ("attn_mask", "is_causal"),
+    "hydra": ("attn_mask", "is_causal"),
+    "focused_linear": ("attn_mask", "is_causal"),
+    "agent": ("attn_mask", "is_causal"),
+    "linformer": ("attn_mask", "is_causal"),
+    "nystrom": ("attn_mask", "is_causal"),
+    "window": ("attn_mask", "is_causal"),
+    "pola": ("attn_mask", "is_causal"),
+    "inline": ("attn_mask", "is_causal"),
+    "mlla": ("attn_mask", "is_causal"),
+    "rala": ("attn_mask", "is_causal"),
+    "lion": ("attn_mask", "is_causal"),
+    "synth_random": (),
+    "synth_factorized_random": (),
+    "synth_dense": (),
+    "synth_factorized_dense": (),
+    "synth_mix": (),
+}
 
 
 @pytest.mark.parametrize("name", vitzoo.list_attentions())
@@ -125,11 +160,18 @@ def test_a_mask_or_causal_call_runs_or_is_one_line_naming_the_fix(name):
     """Every mechanism takes attn_mask and is_causal, or refuses each in one line saying why and what to use;
     none ignores one silently."""
     assert name in REFUSES, f"say in REFUSES what {name} has no form for"
-    layer = vitzoo.create_model("vit_cifar", attention=name, img_size=16, patch_size=4, depth=1, embed_dim=16,
-                                num_heads=2, num_classes=3).blocks[0].attn
+    layer = (
+        vitzoo.create_model(
+            "vit_cifar", attention=name, img_size=16, patch_size=4, depth=1, embed_dim=16, num_heads=2, num_classes=3
+        )
+        .blocks[0]
+        .attn
+    )
     x = torch.randn(1, 17, 16)
-    for option, call in (("attn_mask", dict(attn_mask=torch.ones(17, 17, dtype=torch.bool))),
-                         ("is_causal", dict(is_causal=True))):
+    for option, call in (
+        ("attn_mask", dict(attn_mask=torch.ones(17, 17, dtype=torch.bool))),
+        ("is_causal", dict(is_causal=True)),
+    ):
         if option in REFUSES[name]:
             with pytest.raises(ValueError, match=f"takes no {option}: .*use attention=") as err:
                 layer(x, **call)
@@ -162,10 +204,12 @@ def test_log_n_scale_counts_the_keys_each_query_attends(fused):
     q, k, v = module_qkv(attn, x)
     padded = torch.zeros(n, n, dtype=torch.bool)
     padded[:, :n_train] = True  # every query sees the training count: the sqrt_d scale, whatever the padding
-    expected = softmax_ref(q, k, v, scale=d ** -0.5, mask=padded)[0]
+    expected = softmax_ref(q, k, v, scale=d**-0.5, mask=padded)[0]
     torch.testing.assert_close(attn(x, attn_mask=padded).double(), module_out(attn, expected), **TOL)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    per_row = torch.arange(1, n + 1, dtype=torch.float64).clamp_min(2).log().unsqueeze(-1) * d ** 0.5 / math.log(n_train) / d
+    per_row = (
+        torch.arange(1, n + 1, dtype=torch.float64).clamp_min(2).log().unsqueeze(-1) * d**0.5 / math.log(n_train) / d
+    )
     expected = softmax_ref(q, k, v, scale=per_row, mask=causal)[0]
     torch.testing.assert_close(attn(x, is_causal=True).double(), module_out(attn, expected), **TOL)
 
@@ -180,10 +224,11 @@ def test_synth_mix_log_n_part_counts_the_keys_each_query_attends():
     half[:, : n // 2] = True
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     for mask, is_causal, keep in [(half, False, half), (None, True, causal), (half, True, half & causal)]:
-        scale = keep.sum(-1, keepdim=True).double().clamp_min(2).log() * d ** 0.5 / math.log(n) / d
+        scale = keep.sum(-1, keepdim=True).double().clamp_min(2).log() * d**0.5 / math.log(n) / d
         expected = softmax_ref(q, k, v, scale=scale, mask=keep)[0]
-        torch.testing.assert_close(attn(x, attn_mask=mask, is_causal=is_causal).double(), module_out(attn, expected),
-                                   **TOL)
+        torch.testing.assert_close(
+            attn(x, attn_mask=mask, is_causal=is_causal).double(), module_out(attn, expected), **TOL
+        )
 
 
 def test_log_n_scale_uses_the_model_token_count_by_default():
@@ -224,7 +269,10 @@ def test_projected_heads_allow_dims_not_divisible_by_heads():
 
 def test_split_and_projected_start_at_the_same_qkv_scale():
     x = tokens(B=4, N=64, C=64)
-    split, proj = build("softmax", dim=64, num_heads=4), build({"name": "softmax", "heads": "projected"}, dim=64, num_heads=4)
+    split, proj = (
+        build("softmax", dim=64, num_heads=4),
+        build({"name": "softmax", "heads": "projected"}, dim=64, num_heads=4),
+    )
     with torch.no_grad():
         pairs = list(zip(split.project(x), proj.project(x)))
     for a, b in pairs:
@@ -301,18 +349,21 @@ def test_unknown_option_lists_valid_options():
     assert "scale" in str(err.value) and "logit_noise" in str(err.value)
 
 
-@pytest.mark.parametrize("spec, kwargs, fix", [
-    ("softmax", dict(dim=10, num_heads=3), "head_dim"),
-    ({"name": "softmax", "heads": "merged"}, {}, "projected"),
-    ({"name": "softmax", "scale": "log"}, {}, "log_n"),
-    ({"name": "linear", "feature_map": "gelu"}, {}, "elu"),
-    ({"name": "linear", "impl": "cuda"}, {}, "eager"),
-    ({"name": "efficient", "logit_noise": -1.0}, {}, ">= 0"),
-    ({"name": "softmax", "heads": "projected"}, dict(dim=10, num_heads=3), "head_dim"),
-    ({"name": "softmax", "head_dim": 0}, {}, "positive integer"),
-    ("linear", dict(attn_drop=0.1), "attn_drop_rate=0"),
-    ("efficient", dict(attn_drop=0.1), "nothing to drop"),
-])
+@pytest.mark.parametrize(
+    "spec, kwargs, fix",
+    [
+        ("softmax", dict(dim=10, num_heads=3), "head_dim"),
+        ({"name": "softmax", "heads": "merged"}, {}, "projected"),
+        ({"name": "softmax", "scale": "log"}, {}, "log_n"),
+        ({"name": "linear", "feature_map": "gelu"}, {}, "elu"),
+        ({"name": "linear", "impl": "cuda"}, {}, "eager"),
+        ({"name": "efficient", "logit_noise": -1.0}, {}, ">= 0"),
+        ({"name": "softmax", "heads": "projected"}, dict(dim=10, num_heads=3), "head_dim"),
+        ({"name": "softmax", "head_dim": 0}, {}, "positive integer"),
+        ("linear", dict(attn_drop=0.1), "attn_drop_rate=0"),
+        ("efficient", dict(attn_drop=0.1), "nothing to drop"),
+    ],
+)
 def test_bad_options_are_value_errors_naming_the_fix(spec, kwargs, fix):
     kwargs = {"dim": 16, "num_heads": 2, **kwargs}
     with pytest.raises(ValueError, match=fix) as err:
@@ -330,9 +381,13 @@ def test_log_n_scale_needs_a_training_token_count_outside_a_model():
 @pytest.mark.parametrize("name", ["softmax", "linear", "efficient"])
 def test_gradcheck_of_projected_head_modules(name):
     torch.manual_seed(0)
-    m = build_attention({"name": name, "heads": "projected", "head_dim": 3, **({"fused": False} if name == "softmax"
-                                                                              else {})}, 8, num_heads=2).double()
+    m = build_attention(
+        {"name": name, "heads": "projected", "head_dim": 3, **({"fused": False} if name == "softmax" else {})},
+        8,
+        num_heads=2,
+    ).double()
     x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
     names = [n for n, _ in m.named_parameters()]
-    assert torch.autograd.gradcheck(lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)),
-                                    (x, *m.parameters()))
+    assert torch.autograd.gradcheck(
+        lambda x, *p: torch.func.functional_call(m, dict(zip(names, p)), (x,)), (x, *m.parameters())
+    )

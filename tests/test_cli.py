@@ -1,4 +1,5 @@
 """train.py / eval.py before the pipeline loads: --help and configuration errors, fast and in one line."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,16 +18,24 @@ def test_help_lists_the_presets_of_each_script():
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_help_and_config_errors_do_not_import_torch(script):
     # The script runs as __main__; at exit, report whether torch (and so timm, Lightning) was ever imported.
-    probe = ("import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
-             f"sys.argv = [{script!r}] + sys.argv[1:]; exec(compile(open({script!r}).read(), {script!r}, 'exec'))")
+    probe = (
+        "import atexit, sys; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+        f"sys.argv = [{script!r}] + sys.argv[1:]; exec(compile(open({script!r}).read(), {script!r}, 'exec'))"
+    )
     for args in (["--help"], ["data=no_such_data"]):
         assert "torch imported: False" in run_python("-c", probe, *args).stdout
 
 
-@pytest.mark.parametrize("args, line", [
-    (["model=no_such_model"], "error: model=no_such_model is not a preset; choose one of: nonlocal_resnet_linear, "),
-    (["no_such_key=3"], "error: Could not override 'no_such_key'. To append to your config use +no_such_key=3"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["model=no_such_model"],
+            "error: model=no_such_model is not a preset; choose one of: nonlocal_resnet_linear, ",
+        ),
+        (["no_such_key=3"], "error: Could not override 'no_such_key'. To append to your config use +no_such_key=3"),
+    ],
+)
 def test_config_errors_are_one_line(args, line):
     proc = run_python("train.py", *args)
     assert proc.returncode == 1

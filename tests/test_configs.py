@@ -1,4 +1,5 @@
 """configs/: every preset composes and trains one fast epoch; overrides reach the model; bad input is clear."""
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,24 @@ PRESETS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
 
 def _instantiate_data(cfg):
     from hydra.utils import instantiate
+
     return instantiate(cfg.data)
 
 
 def test_presets_cover_the_issue_list():
-    required = {"vit_softmax", "vit_linear", "vit_efficient", "vit_taylor", "vit_synth_random", "vit_synth_dense",
-                "vit_projected", "vit_noisy", "vit_logn", "nonlocal_resnet_softmax", "nonlocal_resnet_linear"}
+    required = {
+        "vit_softmax",
+        "vit_linear",
+        "vit_efficient",
+        "vit_taylor",
+        "vit_synth_random",
+        "vit_synth_dense",
+        "vit_projected",
+        "vit_noisy",
+        "vit_logn",
+        "nonlocal_resnet_softmax",
+        "nonlocal_resnet_linear",
+    }
     assert required <= set(PRESETS)
 
 
@@ -39,13 +52,16 @@ def test_every_mechanism_has_a_labelled_vit_preset_in_the_zoo():
 
     rows = dict((preset, label) for label, preset in zoo_presets())
     assert set(rows) == set(PRESETS)
-    used = {OmegaConf.load(CONFIGS / "model" / f"{p}.yaml").attention.get("name") for p in PRESETS
-            if p.startswith("vit_")}  # a hybrid stack's preset has no single name
+    used = {
+        OmegaConf.load(CONFIGS / "model" / f"{p}.yaml").attention.get("name") for p in PRESETS if p.startswith("vit_")
+    }  # a hybrid stack's preset has no single name
     assert set(vitzoo.list_attentions()) - VARIANTS_WITHOUT_PRESET <= used
 
 
 # vit_linear (the default preset) in the fast run; every other preset in the slow one.
-@pytest.mark.parametrize("preset", [p if p == "vit_linear" else pytest.param(p, marks=pytest.mark.slow) for p in PRESETS])
+@pytest.mark.parametrize(
+    "preset", [p if p == "vit_linear" else pytest.param(p, marks=pytest.mark.slow) for p in PRESETS]
+)
 def test_preset_trains_one_fast_epoch(preset, tmp_path):
     tiny = "debug=tiny_vit" if preset.startswith("vit") else "debug=tiny_resnet"
     cfg = compose_config(tmp_path, [tiny, f"model={preset}"])
@@ -57,13 +73,20 @@ def test_preset_trains_one_fast_epoch(preset, tmp_path):
 
 
 def test_attention_and_model_overrides_reach_the_network(tmp_path):
-    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_softmax", "model.attention.logit_noise=0.3",
-                                    "model.attention.heads=projected", "model.kwargs.depth=3"])
+    cfg = compose_config(
+        tmp_path,
+        [
+            "debug=tiny_vit",
+            "model=vit_softmax",
+            "model.attention.logit_noise=0.3",
+            "model.attention.heads=projected",
+            "model.kwargs.depth=3",
+        ],
+    )
     module = build_classifier(cfg, _instantiate_data(cfg))
     layers = [m for m in module.model.modules() if isinstance(m, ZooAttention)]
     assert len(layers) == 3 and all(m.logit_noise == 0.3 and m.heads == "projected" for m in layers)
-    assert module.hparams.attention == {"name": "softmax", "heads": "projected", "head_dim": None,
-                                        "logit_noise": 0.3}
+    assert module.hparams.attention == {"name": "softmax", "heads": "projected", "head_dim": None, "logit_noise": 0.3}
     assert module.hparams.img_size == 16 and module.hparams.num_classes == 10
 
 
@@ -129,8 +152,9 @@ def test_corrupted_resume_checkpoint_names_the_fix(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_sweeps_presets(tmp_path):
-    run_python("train.py", "-m", "model=vit_softmax,vit_linear", "debug=tiny_vit", f"hydra.sweep.dir={tmp_path}",
-               check=True)
+    run_python(
+        "train.py", "-m", "model=vit_softmax,vit_linear", "debug=tiny_vit", f"hydra.sweep.dir={tmp_path}", check=True
+    )
     for job in ("0", "1"):
         metrics = json.loads((tmp_path / job / "metrics.json").read_text())
         assert metrics["global_step"] == 4

@@ -1,4 +1,5 @@
 """robustness.corrupt: documented strengths, ranges, determinism, protocols, bad input."""
+
 import importlib.util
 import io
 import math
@@ -26,41 +27,97 @@ CONSTANTS = {
     "speckle_noise": {"cifar": [0.06, 0.10, 0.12, 0.16, 0.20], "imagenet": [0.15, 0.20, 0.35, 0.45, 0.60]},
     "contrast": {"cifar": [0.75, 0.5, 0.4, 0.3, 0.15], "imagenet": [0.4, 0.3, 0.2, 0.1, 0.05]},
     "gaussian_blur": {"cifar": [0.4, 0.6, 0.7, 0.8, 1.0], "imagenet": [1, 2, 3, 4, 6]},
-    "defocus_blur": {"cifar": [(0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)],
-                     "imagenet": [(3, 0.1), (4, 0.5), (6, 0.5), (8, 0.5), (10, 0.5)]},
+    "defocus_blur": {
+        "cifar": [(0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1)],
+        "imagenet": [(3, 0.1), (4, 0.5), (6, 0.5), (8, 0.5), (10, 0.5)],
+    },
     "jpeg_compression": {"cifar": [80, 65, 58, 50, 40], "imagenet": [25, 18, 15, 10, 7]},
-    "glass_blur": {"cifar": [(0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)],
-                   "imagenet": [(0.7, 1, 2), (0.9, 2, 1), (1, 2, 3), (1.1, 3, 2), (1.5, 4, 2)]},
-    "motion_blur": {"cifar": [(6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)],
-                    "imagenet": [(10, 3), (15, 5), (15, 8), (15, 12), (20, 15)]},
-    "zoom_blur": {"cifar": [np.arange(1, 1.06, 0.01), np.arange(1, 1.11, 0.01), np.arange(1, 1.16, 0.01),
-                            np.arange(1, 1.21, 0.01), np.arange(1, 1.26, 0.01)],
-                  "imagenet": [np.arange(1, 1.11, 0.01), np.arange(1, 1.16, 0.01), np.arange(1, 1.21, 0.02),
-                               np.arange(1, 1.26, 0.02), np.arange(1, 1.31, 0.03)]},
-    "snow": {"cifar": [(0.1, 0.2, 1, 0.6, 8, 3, 0.95), (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
-                       (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9), (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
-                       (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8)],
-             "imagenet": [(0.1, 0.3, 3, 0.5, 10, 4, 0.8), (0.2, 0.3, 2, 0.5, 12, 4, 0.7),
-                          (0.55, 0.3, 4, 0.9, 12, 8, 0.7), (0.55, 0.3, 4.5, 0.85, 12, 8, 0.65),
-                          (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55)]},
-    "frost": {"cifar": [(1, 0.2), (1, 0.3), (0.9, 0.4), (0.85, 0.4), (0.75, 0.45)],  # frost images resized by 0.2
-              "imagenet": [(1, 0.4), (0.8, 0.6), (0.7, 0.7), (0.65, 0.7), (0.6, 0.75)]},  # as they are
-    "fog": {"cifar": [(0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)],
-            "imagenet": [(1.5, 2), (2, 2), (2.5, 1.7), (2.5, 1.5), (3, 1.4)]},
+    "glass_blur": {
+        "cifar": [(0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)],
+        "imagenet": [(0.7, 1, 2), (0.9, 2, 1), (1, 2, 3), (1.1, 3, 2), (1.5, 4, 2)],
+    },
+    "motion_blur": {
+        "cifar": [(6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5)],
+        "imagenet": [(10, 3), (15, 5), (15, 8), (15, 12), (20, 15)],
+    },
+    "zoom_blur": {
+        "cifar": [
+            np.arange(1, 1.06, 0.01),
+            np.arange(1, 1.11, 0.01),
+            np.arange(1, 1.16, 0.01),
+            np.arange(1, 1.21, 0.01),
+            np.arange(1, 1.26, 0.01),
+        ],
+        "imagenet": [
+            np.arange(1, 1.11, 0.01),
+            np.arange(1, 1.16, 0.01),
+            np.arange(1, 1.21, 0.02),
+            np.arange(1, 1.26, 0.02),
+            np.arange(1, 1.31, 0.03),
+        ],
+    },
+    "snow": {
+        "cifar": [
+            (0.1, 0.2, 1, 0.6, 8, 3, 0.95),
+            (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
+            (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9),
+            (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
+            (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8),
+        ],
+        "imagenet": [
+            (0.1, 0.3, 3, 0.5, 10, 4, 0.8),
+            (0.2, 0.3, 2, 0.5, 12, 4, 0.7),
+            (0.55, 0.3, 4, 0.9, 12, 8, 0.7),
+            (0.55, 0.3, 4.5, 0.85, 12, 8, 0.65),
+            (0.55, 0.3, 2.5, 0.85, 12, 12, 0.55),
+        ],
+    },
+    "frost": {
+        "cifar": [(1, 0.2), (1, 0.3), (0.9, 0.4), (0.85, 0.4), (0.75, 0.45)],  # frost images resized by 0.2
+        "imagenet": [(1, 0.4), (0.8, 0.6), (0.7, 0.7), (0.65, 0.7), (0.6, 0.75)],
+    },  # as they are
+    "fog": {
+        "cifar": [(0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)],
+        "imagenet": [(1.5, 2), (2, 2), (2.5, 1.7), (2.5, 1.5), (3, 1.4)],
+    },
     "brightness": {"cifar": [0.05, 0.1, 0.15, 0.2, 0.3], "imagenet": [0.1, 0.2, 0.3, 0.4, 0.5]},
-    "elastic_transform": {"cifar": [(32 * 0, 32 * 0, 32 * 0.08), (32 * 0.05, 32 * 0.2, 32 * 0.07),
-                                    (32 * 0.08, 32 * 0.06, 32 * 0.06), (32 * 0.1, 32 * 0.04, 32 * 0.05),
-                                    (32 * 0.1, 32 * 0.03, 32 * 0.03)],
-                          "imagenet": [(244 * 2, 244 * 0.7, 244 * 0.1), (244 * 2, 244 * 0.08, 244 * 0.2),
-                                       (244 * 0.05, 244 * 0.01, 244 * 0.02), (244 * 0.07, 244 * 0.01, 244 * 0.02),
-                                       (244 * 0.12, 244 * 0.01, 244 * 0.02)]},
+    "elastic_transform": {
+        "cifar": [
+            (32 * 0, 32 * 0, 32 * 0.08),
+            (32 * 0.05, 32 * 0.2, 32 * 0.07),
+            (32 * 0.08, 32 * 0.06, 32 * 0.06),
+            (32 * 0.1, 32 * 0.04, 32 * 0.05),
+            (32 * 0.1, 32 * 0.03, 32 * 0.03),
+        ],
+        "imagenet": [
+            (244 * 2, 244 * 0.7, 244 * 0.1),
+            (244 * 2, 244 * 0.08, 244 * 0.2),
+            (244 * 0.05, 244 * 0.01, 244 * 0.02),
+            (244 * 0.07, 244 * 0.01, 244 * 0.02),
+            (244 * 0.12, 244 * 0.01, 244 * 0.02),
+        ],
+    },
     "pixelate": {"cifar": [0.95, 0.9, 0.85, 0.75, 0.65], "imagenet": [0.6, 0.5, 0.4, 0.3, 0.25]},
-    "spatter": {"cifar": [(0.62, 0.1, 0.7, 0.7, 0.5, 0), (0.65, 0.1, 0.8, 0.7, 0.5, 0), (0.65, 0.3, 1, 0.69, 0.5, 0),
-                          (0.65, 0.1, 0.7, 0.69, 0.6, 1), (0.65, 0.1, 0.5, 0.68, 0.6, 1)],
-                "imagenet": [(0.65, 0.3, 4, 0.69, 0.6, 0), (0.65, 0.3, 3, 0.68, 0.6, 0), (0.65, 0.3, 2, 0.68, 0.5, 0),
-                             (0.65, 0.3, 1, 0.65, 1.5, 1), (0.67, 0.4, 1, 0.65, 1.5, 1)]},
-    "saturate": {"cifar": [(0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)],
-                 "imagenet": [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)]},
+    "spatter": {
+        "cifar": [
+            (0.62, 0.1, 0.7, 0.7, 0.5, 0),
+            (0.65, 0.1, 0.8, 0.7, 0.5, 0),
+            (0.65, 0.3, 1, 0.69, 0.5, 0),
+            (0.65, 0.1, 0.7, 0.69, 0.6, 1),
+            (0.65, 0.1, 0.5, 0.68, 0.6, 1),
+        ],
+        "imagenet": [
+            (0.65, 0.3, 4, 0.69, 0.6, 0),
+            (0.65, 0.3, 3, 0.68, 0.6, 0),
+            (0.65, 0.3, 2, 0.68, 0.5, 0),
+            (0.65, 0.3, 1, 0.65, 1.5, 1),
+            (0.67, 0.4, 1, 0.65, 1.5, 1),
+        ],
+    },
+    "saturate": {
+        "cifar": [(0.3, 0), (0.1, 0), (1.5, 0), (2, 0.1), (2.5, 0.2)],
+        "imagenet": [(0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)],
+    },
 }
 FROST_RESIZE = {"cifar": 0.2, "imagenet": 1}
 NOISES = ["gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"]
@@ -159,8 +216,10 @@ def test_deterministic_for_a_seed(name):
     assert torch.equal(a, corrupt(x, name, 3, generator=gen(2))) == (name not in RANDOM)
 
 
-@pytest.mark.parametrize("shape,protocol", [((32, 32), "cifar"), ((64, 64), "cifar"), ((32, 128), "cifar"),
-                                            ((65, 65), "imagenet"), ((96, 128), "imagenet")])
+@pytest.mark.parametrize(
+    "shape,protocol",
+    [((32, 32), "cifar"), ((64, 64), "cifar"), ((32, 128), "cifar"), ((65, 65), "imagenet"), ((96, 128), "imagenet")],
+)
 def test_protocol_defaults_by_short_side(shape, protocol):
     x = torch.full((1, 3, *shape), 0.5)
     other = {"cifar": "imagenet", "imagenet": "cifar"}[protocol]
@@ -170,8 +229,9 @@ def test_protocol_defaults_by_short_side(shape, protocol):
 
 
 @pytest.mark.parametrize("protocol,size", [("cifar", 32), ("imagenet", 64)])
-@pytest.mark.parametrize("name", NOISES + ["gaussian_blur", "defocus_blur", "contrast", "jpeg_compression",
-                                  "brightness", "pixelate"])  # the others' tables are not monotone by design
+@pytest.mark.parametrize(
+    "name", NOISES + ["gaussian_blur", "defocus_blur", "contrast", "jpeg_compression", "brightness", "pixelate"]
+)  # the others' tables are not monotone by design
 def test_strength_grows_with_severity(name, protocol, size):
     x = texture(size).float()
     dev = [(corrupt(x, name, s, protocol=protocol, generator=gen(s)) - x).abs().mean().item() for s in range(6)]
@@ -208,7 +268,7 @@ def gaussian_blur_reference(x, sigma):
 @pytest.mark.parametrize("size", [(40, 36), (96, 80)])  # small matrices; index padding and convs above 64 px
 @pytest.mark.parametrize("protocol,severity", CASES)
 def test_gaussian_blur_matches_reference(protocol, severity, size):
-    x = texture(size[0])[..., :size[1]]  # non-square
+    x = texture(size[0])[..., : size[1]]  # non-square
     y = corrupt(x, "gaussian_blur", severity, protocol=protocol)
     ref = gaussian_blur_reference(x, CONSTANTS["gaussian_blur"][protocol][severity - 1])
     torch.testing.assert_close(y, ref.clamp(0, 1), rtol=0, atol=1e-12)
@@ -302,9 +362,23 @@ def test_constants_are_the_sources(name):
 
 
 def test_registry_lists_every_corruption_and_group():
-    benchmark = ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
-                 "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
-                 "jpeg_compression"]  # the order of the reference's table
+    benchmark = [
+        "gaussian_noise",
+        "shot_noise",
+        "impulse_noise",
+        "defocus_blur",
+        "glass_blur",
+        "motion_blur",
+        "zoom_blur",
+        "snow",
+        "frost",
+        "fog",
+        "brightness",
+        "contrast",
+        "elastic_transform",
+        "pixelate",
+        "jpeg_compression",
+    ]  # the order of the reference's table
     extra = ["speckle_noise", "gaussian_blur", "spatter", "saturate"]
     assert list_corruptions("benchmark") == sorted(benchmark)
     assert list_corruptions("extra") == sorted(extra)
@@ -317,19 +391,22 @@ def test_registry_lists_every_corruption_and_group():
         list_corruptions("rain")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"name": "gaussian"}, "brightness.*zoom_blur"),
-    ({"severity": 6}, r"\[0, 1, 2, 3, 4, 5\]"),
-    ({"severity": -1}, r"\[0, 1, 2, 3, 4, 5\]"),
-    ({"severity": 2.0}, r"\[0, 1, 2, 3, 4, 5\]"),
-    ({"severity": True}, r"\[0, 1, 2, 3, 4, 5\]"),
-    ({"protocol": "CIFAR"}, r"\['cifar', 'imagenet'\]"),
-    ({"images": torch.rand(3, 32, 32)}, r"\(B, C, H, W\)"),
-    ({"images": torch.randint(0, 255, (1, 3, 8, 8), dtype=torch.uint8)}, "float"),
-    ({"images": torch.randn(1, 3, 8, 8)}, "before normalising"),
-    ({"images": torch.rand(1, 3, 8, 8).index_fill_(3, torch.tensor([2]), float("nan"))}, "contain NaN"),
-    ({"images": torch.rand(1, 2, 8, 8), "name": "jpeg_compression"}, "1 or 3 channels"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"name": "gaussian"}, "brightness.*zoom_blur"),
+        ({"severity": 6}, r"\[0, 1, 2, 3, 4, 5\]"),
+        ({"severity": -1}, r"\[0, 1, 2, 3, 4, 5\]"),
+        ({"severity": 2.0}, r"\[0, 1, 2, 3, 4, 5\]"),
+        ({"severity": True}, r"\[0, 1, 2, 3, 4, 5\]"),
+        ({"protocol": "CIFAR"}, r"\['cifar', 'imagenet'\]"),
+        ({"images": torch.rand(3, 32, 32)}, r"\(B, C, H, W\)"),
+        ({"images": torch.randint(0, 255, (1, 3, 8, 8), dtype=torch.uint8)}, "float"),
+        ({"images": torch.randn(1, 3, 8, 8)}, "before normalising"),
+        ({"images": torch.rand(1, 3, 8, 8).index_fill_(3, torch.tensor([2]), float("nan"))}, "contain NaN"),
+        ({"images": torch.rand(1, 2, 8, 8), "name": "jpeg_compression"}, "1 or 3 channels"),
+    ],
+)
 def test_bad_input_names_the_fix(kwargs, match):
     args = {"images": torch.rand(1, 3, 8, 8), "name": "gaussian_noise", "severity": 3, **kwargs}
     with pytest.raises(ValueError, match=match):
@@ -343,7 +420,7 @@ def test_the_shipped_frost_images_are_imagecorruptions_pixels():
         pytest.skip("the reference: pip install --no-deps imagecorruptions==1.1.2 (bash .ci/run installs it)")
     source = Path(reference.origin).parent / "frost"
     for i, name in enumerate(FROST_FILES, start=1):
-        original, = source.glob(f"frost{i}.*")
+        (original,) = source.glob(f"frost{i}.*")
         with Image.open(frost_dir() / name) as ours, Image.open(original) as theirs:
             assert np.array_equal(np.asarray(ours.convert("RGB")), np.asarray(theirs.convert("RGB"))), name
 

@@ -1,5 +1,6 @@
 """benchmarks/corruption_speed.py runs end to end on a tiny CIFAR-like folder and prints its tables
 (in this process: a fresh interpreter would spend most of the time importing)."""
+
 from __future__ import annotations
 
 import csv
@@ -13,8 +14,24 @@ NAMES = ["glass_blur", "zoom_blur", "spatter"]  # a random, a deterministic and 
 
 def test_corruption_speed_prints_each_corruption_beside_the_forward_pass(tmp_path, capsys):
     write_image_folder(tmp_path, [f"class{c}" for c in range(10)], per_class=2, size=(32, 32), suffix=".jpg")
-    corruption_speed.main(["--data", str(tmp_path), "--images", "20", "--batch", "10", "--reference-images", "2",
-                           "--forward-repeats", "1", "--corruptions", ",".join(NAMES), "--out", str(tmp_path / "speed.csv")])
+    corruption_speed.main(
+        [
+            "--data",
+            str(tmp_path),
+            "--images",
+            "20",
+            "--batch",
+            "10",
+            "--reference-images",
+            "2",
+            "--forward-repeats",
+            "1",
+            "--corruptions",
+            ",".join(NAMES),
+            "--out",
+            str(tmp_path / "speed.csv"),
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# 20 CIFAR-10 images (32 px), batch 10;")
     assert any(line.startswith("zoo ViT (vit_cifar, softmax) forward:") for line in lines)

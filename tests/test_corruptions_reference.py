@@ -8,6 +8,7 @@ reference works in float32; PIL rounds to 8 bits). Random ones are checked twice
 ``np.random`` calls fed vitzoo's own draws (then equal like a deterministic one), and with each side
 drawing for itself (then the mean and std of the change, image by image, agree within 5 standard errors).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,10 +28,28 @@ SEVERITIES = (1, 2, 3, 4, 5)
 SIZES = {"cifar": (32, 40), "imagenet": (64, 56)}  # (H, W): non-square on purpose
 TOL = {"pixelate": 1.0 + 1e-9, "jpeg_compression": 0.0, "elastic_transform": 0.25}  # 0..255 units
 DEFAULT_TOL = 1e-3
-DETERMINISTIC = ["brightness", "contrast", "saturate", "pixelate", "jpeg_compression", "gaussian_blur",
-                 "defocus_blur", "zoom_blur"]
-RANDOM = ["gaussian_noise", "shot_noise", "speckle_noise", "glass_blur", "motion_blur", "snow", "fog", "frost",
-          "spatter", "elastic_transform"]
+DETERMINISTIC = [
+    "brightness",
+    "contrast",
+    "saturate",
+    "pixelate",
+    "jpeg_compression",
+    "gaussian_blur",
+    "defocus_blur",
+    "zoom_blur",
+]
+RANDOM = [
+    "gaussian_noise",
+    "shot_noise",
+    "speckle_noise",
+    "glass_blur",
+    "motion_blur",
+    "snow",
+    "fog",
+    "frost",
+    "spatter",
+    "elastic_transform",
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +76,7 @@ def gen(seed: int) -> torch.Generator:
 
 # ---------------------------------------------------------------- the formulas imagecorruptions departs from
 
+
 def reference_frost(idx: int) -> Path:
     """imagecorruptions' own frost image ``idx`` (0-4), not vitzoo's re-encoded copy."""
     folder = Path(importlib.util.find_spec("imagecorruptions").origin).parent / "frost"
@@ -73,7 +93,7 @@ def hendrycks_frost(x_u8: np.ndarray, c: tuple, idx=None, top=None, left=None) -
     h, w = x_u8.shape[:2]
     top = np.random.randint(0, frost.shape[0] - h) if top is None else top
     left = np.random.randint(0, frost.shape[1] - w) if left is None else left
-    frost = frost[top:top + h, left:left + w][..., [2, 1, 0]]
+    frost = frost[top : top + h, left : left + w][..., [2, 1, 0]]
     return np.clip(c[0] * x_u8.astype(np.float64) + c[1] * frost, 0, 255)
 
 
@@ -82,14 +102,19 @@ def hendrycks_elastic(x_u8: np.ndarray, c: tuple) -> np.ndarray:
     random displacement (imagecorruptions has another elastic: no affine, other constants)."""
     from scipy.ndimage import map_coordinates
     from skimage.filters import gaussian
+
     image = x_u8.astype(np.float32) / 255
     hw = image.shape[:2]
     centre, side = np.float32(hw) // 2, min(hw) // 3
     src = np.float32([centre + side, [centre[0] + side, centre[1] - side], centre - side])
     dst = src + np.random.uniform(-c[2], c[2], size=src.shape).astype(np.float32)
     image = cv2.warpAffine(image, cv2.getAffineTransform(src, dst), hw[::-1], borderMode=cv2.BORDER_REFLECT_101)
-    dx, dy = ((gaussian(np.random.uniform(-1, 1, size=hw), c[1], mode="reflect", truncate=3) * c[0])
-              .astype(np.float32)[..., None] for _ in range(2))
+    dx, dy = (
+        (gaussian(np.random.uniform(-1, 1, size=hw), c[1], mode="reflect", truncate=3) * c[0]).astype(np.float32)[
+            ..., None
+        ]
+        for _ in range(2)
+    )
     x, y, z = np.meshgrid(np.arange(hw[1]), np.arange(hw[0]), np.arange(3))
     at = (y + dy).reshape(-1, 1), (x + dx).reshape(-1, 1), z.reshape(-1, 1)
     return np.clip(map_coordinates(image, at, order=1, mode="reflect").reshape(image.shape), 0, 1) * 255
@@ -104,16 +129,20 @@ def reference(ref, name: str, protocol: str, severity: int):
     if name == "elastic_transform":
         return lambda im: hendrycks_elastic(im, c)
     if name == "pixelate":  # hendrycks/robustness: BOX down, BOX up (imagecorruptions: NEAREST up)
+
         def box(im):
             h, w = im.shape[:2]
             small = Image.fromarray(im).resize((int(w * c), int(h * c)), Image.BOX)
             return np.asarray(small.resize((w, h), Image.BOX), dtype=np.float64)
+
         return box
     if name == "zoom_blur":  # its factor lists are np.arange calls, not one constant: the formula with
+
         def zoom(im):  # the reference's clipped_zoom
             x = (im / 255.0).astype(np.float32)
-            layers = [ref.clipped_zoom(x, z)[:x.shape[0], :x.shape[1]] for z in np.arange(*c)]
+            layers = [ref.clipped_zoom(x, z)[: x.shape[0], : x.shape[1]] for z in np.arange(*c)]
             return np.clip((x + sum(layers)) / (len(layers) + 1), 0, 1) * 255
+
         return zoom
     fn = getattr(ref, name)
     fn = fn if protocol == "imagenet" else R.at_constants(fn, spec.imagenet, spec.cifar)
@@ -127,6 +156,7 @@ def assert_equal_255(ours: torch.Tensor, theirs: np.ndarray, tol: float, what: s
 
 # ---------------------------------------------------------------- constants
 
+
 @pytest.mark.parametrize("name", sorted(set(CORRUPTIONS) - {"zoom_blur", "elastic_transform"}))
 def test_imagenet_tables_are_the_ones_in_imagecorruptions_code(ref, name):
     """Each ImageNet table is a constant of the reference function's code (zoom_blur's are np.arange calls,
@@ -137,6 +167,7 @@ def test_imagenet_tables_are_the_ones_in_imagecorruptions_code(ref, name):
 
 
 # ---------------------------------------------------------------- deterministic: equal within tolerance
+
 
 @pytest.mark.parametrize("protocol", ["cifar", "imagenet"])
 @pytest.mark.parametrize("name", DETERMINISTIC)
@@ -163,6 +194,7 @@ def test_pixelate_equals_imagecorruptions_nearest_upsampling_at_the_standard_siz
 
 
 # ---------------------------------------------------------------- random: vitzoo's draws fed to the reference
+
 
 def uniform_(g, shape, low, high):
     return low + (high - low) * torch.rand(shape, generator=g, dtype=torch.float64)
@@ -238,6 +270,7 @@ def test_random_corruption_equals_reference_given_the_same_draws(ref, monkeypatc
 
 # ---------------------------------------------------------------- random: each side draws for itself
 
+
 def per_image_stats(change: torch.Tensor) -> torch.Tensor:
     """(B, 2): mean and std over each image's pixels of the change."""
     flat = change.flatten(1)
@@ -245,8 +278,13 @@ def per_image_stats(change: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("protocol", ["cifar", "imagenet"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "glass_blur" else n  # its
-                                  for n in RANDOM + ["impulse_noise"]])  # reference loops per pixel in Python
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n == "glass_blur" else n  # its
+        for n in RANDOM + ["impulse_noise"]
+    ],
+)  # reference loops per pixel in Python
 def test_random_corruption_matches_reference_in_distribution(ref, monkeypatch, name, protocol):
     """The same 16 images (8 for glass_blur) through vitzoo (torch draws) and the reference (numpy draws,
     seeded): per severity, the mean and the std of each image's change agree on average within 5
@@ -262,5 +300,6 @@ def test_random_corruption_matches_reference_in_distribution(ref, monkeypatch, n
         theirs = torch.stack([R.from_hwc(fn(R.to_hwc_u8(x[i]))) for i in range(n)])
         diff = per_image_stats(ours - x) - per_image_stats(theirs - x)  # (n, 2)
         bound = 5 * diff.std(0) / n**0.5 + 1e-3
-        assert (diff.mean(0).abs() <= bound).all(), \
+        assert (diff.mean(0).abs() <= bound).all(), (
             f"{name} {protocol} {severity}: mean/std of the change differ by {diff.mean(0).tolist()} > {bound.tolist()}"
+        )

@@ -1,5 +1,6 @@
 """vitzoo.robustness.released: CIFAR-10-C / CIFAR-100-C .npy files and ImageNet-C folders, read as released,
 on tiny files in those layouts written here."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,13 +25,16 @@ def write_cifar_c(root, names=("fog", "gaussian_noise"), images=None, labels=Non
             np.save(root / f"{name}.npy", np.broadcast_to(values[:, None, None, None], (len(values), 8, 6, 3)).copy())
         else:
             np.save(root / f"{name}.npy", images)
-    np.save(root / "labels.npy", np.tile(np.arange(7, 7 - PER_SEVERITY, -1, dtype=np.uint8), 5)
-            if labels is None else labels)
+    np.save(
+        root / "labels.npy",
+        np.tile(np.arange(7, 7 - PER_SEVERITY, -1, dtype=np.uint8), 5) if labels is None else labels,
+    )
     return root
 
 
-def write_imagenet_c(root, classes=("n01440764", "n01443537", "n02102040"), names=("snow", "zoom_blur"),
-                     images=None, labels=None):
+def write_imagenet_c(
+    root, classes=("n01440764", "n01443537", "n02102040"), names=("snow", "zoom_blur"), images=None, labels=None
+):
     """<corruption>/<severity>/<class>/*.JPEG: two flat images per class, gray level 40 c + 10 s. Given ``images``
     (uint8 (5 x N, H, W, 3), severities one after the other) and their ``labels`` (indices into ``classes``),
     those instead, as lossless PNG files."""
@@ -41,8 +45,7 @@ def write_imagenet_c(root, classes=("n01440764", "n01443537", "n02102040"), name
                 folder.mkdir(parents=True)
                 if images is None:
                     for k in range(2):
-                        Image.new("RGB", (12, 10), (40 * c + 10 * s,) * 3).save(folder / f"ILSVRC_{k}.JPEG",
-                                                                               quality=95)
+                        Image.new("RGB", (12, 10), (40 * c + 10 * s,) * 3).save(folder / f"ILSVRC_{k}.JPEG", quality=95)
             if images is not None:
                 per = len(images) // 5
                 for k in range(per):

@@ -1,4 +1,5 @@
 """Data modules and albumentations pipelines: splits, normalisation, augmentation seeding, clear errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,15 @@ import pytest
 import torch
 
 from conftest import write_image_folder
-from vitzoo.data import (CIFAR10DataModule, DigitsDataModule, ImageFolderDataModule, SyntheticDataModule,
-                         build_eval_transform, build_train_transform, digits_arrays)
+from vitzoo.data import (
+    CIFAR10DataModule,
+    DigitsDataModule,
+    ImageFolderDataModule,
+    SyntheticDataModule,
+    build_eval_transform,
+    build_train_transform,
+    digits_arrays,
+)
 
 
 def test_digits_split_is_stratified_disjoint_and_fixed():
@@ -62,8 +70,9 @@ def test_bad_augmentation_options_name_the_fix():
 def test_gauss_noise_std_is_within_the_configured_range():
     image = np.full((64, 64, 3), 128, np.uint8)
     clean = build_train_transform(64, (0.0,) * 3, (1.0,) * 3, policy="none")(image=image)["image"]
-    noisy_tf = build_train_transform(64, (0.0,) * 3, (1.0,) * 3, policy="none", gauss_noise=0.2,
-                                     gauss_noise_p=1.0, seed=0)
+    noisy_tf = build_train_transform(
+        64, (0.0,) * 3, (1.0,) * 3, policy="none", gauss_noise=0.2, gauss_noise_p=1.0, seed=0
+    )
     stds = [float((noisy_tf(image=image)["image"] - clean).std()) for _ in range(20)]
     assert max(stds) <= 0.2 * 1.1 and max(stds) > 0.05  # drawn in [0, 0.2], pixel units of [0, 1]
 
@@ -83,8 +92,16 @@ def test_workers_augment_differently_and_reproducibly():
 
     def batches():
         torch.manual_seed(0)
-        return _worker_batches(Same(img_size=16, num_train=8, num_val=2, batch_size=1, num_workers=2,
-                                    aug=dict(policy="basic", crop_padding=4, hflip=True)))[0]
+        return _worker_batches(
+            Same(
+                img_size=16,
+                num_train=8,
+                num_val=2,
+                batch_size=1,
+                num_workers=2,
+                aug=dict(policy="basic", crop_padding=4, hflip=True),
+            )
+        )[0]
 
     x = batches()
     assert not torch.equal(x[0::2], x[1::2]), "both workers produced the same augmentations"
@@ -151,6 +168,7 @@ def test_batch_larger_than_train_set_is_a_clear_error():
 @pytest.mark.parametrize("device_cache", [False, True])
 def test_labels_outside_the_classes_are_one_error_at_setup(device_cache):
     """Checked once per split, so no per-batch check (a host sync on a GPU) is needed later."""
+
     class Mislabelled(SyntheticDataModule):
         def load_split(self, split):
             images, labels = super().load_split(split)

@@ -1,4 +1,5 @@
 """The deit recipe (timm's transforms), repeated augmentation, and the LR scaling rule of experiment=imagenet_deit."""
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,9 @@ def test_deit_train_transform_shape_and_seeding_leave_the_global_generators_alon
 def test_randaugment_posterize_at_full_magnitude_keeps_zero_bits():
     """Magnitude 10 (which m9 mstd0.5 draws 2% of the time) asks posterize for 0 bits: a black image, not Pillow's
     'bits must be between 1 and 8' in the middle of an epoch."""
-    recipe = build_recipe("deit", 32, (0.0,) * 3, (1.0,) * 3, aug=dict(auto_augment="rand-m10-n3-mstd0-inc1",
-                                                                       re_prob=0.0))
+    recipe = build_recipe(
+        "deit", 32, (0.0,) * 3, (1.0,) * 3, aug=dict(auto_augment="rand-m10-n3-mstd0-inc1", re_prob=0.0)
+    )
     op = next(op for op in recipe.train.transform.transforms[2].ops if op.name == "PosterizeIncreasing")
     assert op.aug_fn(Image.fromarray(_photo(20, 20)), 0).getextrema() == ((0, 0),) * 3
     for seed in range(80):
@@ -76,8 +78,9 @@ def test_deit_erasing_rate_and_area_follow_the_recipe():
 def test_deit_train_statistics_random_resized_crop_and_flip():
     """Only the crop (scale 0.08-1) and the flip: a horizontal ramp comes out increasing or decreasing about half
     the time each, and the range of the ramp a crop keeps is the crop's width, so as often narrow as the scale says."""
-    recipe = build_recipe("deit", 32, (0.0,) * 3, (1.0,) * 3,
-                          aug=dict(auto_augment=None, color_jitter=None, re_prob=0.0))
+    recipe = build_recipe(
+        "deit", 32, (0.0,) * 3, (1.0,) * 3, aug=dict(auto_augment=None, color_jitter=None, re_prob=0.0)
+    )
     ramp = np.repeat(np.repeat(np.linspace(0, 255, 256).astype(np.uint8)[None, :, None], 256, 0), 3, 2)
     flips, widths = 0, []
     for seed in range(300):
@@ -168,20 +171,43 @@ def test_lr_scaling_rule():
 
 def test_the_peak_lr_follows_the_global_batch(tmp_path):
     """lr_base_batch=8 with batch 16 and 2 accumulated batches: 4 x module.optim.lr, as the optimizer gets it."""
-    module = ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, optim=dict(lr=1e-3, lr_base_batch=8),
-                             model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    module = ImageClassifier(
+        "vit_cifar",
+        "softmax",
+        num_classes=10,
+        img_size=16,
+        optim=dict(lr=1e-3, lr_base_batch=8),
+        model_kwargs=dict(depth=1, embed_dim=32, num_heads=2),
+    )
     dm = SyntheticDataModule(img_size=16, num_train=64, num_val=16, batch_size=16)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=2, accumulate_grad_batches=2,
-                        limit_val_batches=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=2,
+        accumulate_grad_batches=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module, datamodule=dm)
     assert trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(4e-3)
 
 
 def test_imagenet_deit_experiment_builds_the_recipe(tmp_path):
     root = write_image_folder(tmp_path / "data", per_class=2, size=(40, 30), suffix=".jpg")
-    cfg = compose_config(tmp_path / "run", ["experiment=imagenet_deit", f"data.root={root}", "data.img_size=32",
-                                            "data.val_fraction=0.5", "data.batch_size=2", "model=vit_softmax"])
+    cfg = compose_config(
+        tmp_path / "run",
+        [
+            "experiment=imagenet_deit",
+            f"data.root={root}",
+            "data.img_size=32",
+            "data.val_fraction=0.5",
+            "data.batch_size=2",
+            "model=vit_softmax",
+        ],
+    )
     assert cfg.module.optim.lr_base_batch == 512 and cfg.trainer.max_epochs == 300 and cfg.data.repeated_aug == 3
     datamodule, module = build_run(cfg)
     assert module.mixup is not None and module.mixup.mixup_alpha == 0.8 and module.mixup.cutmix_alpha == 1.0
@@ -196,9 +222,25 @@ def test_imagenet_deit_experiment_builds_the_recipe(tmp_path):
 def test_imagenet_deit_trains_on_the_cpu(tmp_path):
     """The whole recipe, shrunk: DeiT transforms, mixup / cutmix, the scaled LR, one CPU process."""
     root = write_image_folder(tmp_path / "data", per_class=8, size=(40, 30), suffix=".jpg")
-    metrics = train(compose_config(tmp_path / "run", [
-        "experiment=imagenet_deit", f"data.root={root}", "data.img_size=32", "data.val_fraction=0.25",
-        "data.batch_size=4", "data.num_workers=0", "model=vit_softmax", "+model.kwargs.depth=1", "debug=quiet",
-        "trainer.strategy=auto", "trainer.devices=1", "trainer.precision=32-true", "trainer.max_epochs=1",
-        "callbacks.export_best=null"]))
+    metrics = train(
+        compose_config(
+            tmp_path / "run",
+            [
+                "experiment=imagenet_deit",
+                f"data.root={root}",
+                "data.img_size=32",
+                "data.val_fraction=0.25",
+                "data.batch_size=4",
+                "data.num_workers=0",
+                "model=vit_softmax",
+                "+model.kwargs.depth=1",
+                "debug=quiet",
+                "trainer.strategy=auto",
+                "trainer.devices=1",
+                "trainer.precision=32-true",
+                "trainer.max_epochs=1",
+                "callbacks.export_best=null",
+            ],
+        )
+    )
     assert metrics["global_step"] == 3 and math.isfinite(metrics["train/loss_epoch"]), metrics

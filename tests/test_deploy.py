@@ -5,6 +5,7 @@ non-local blocks switched on) goes through both ONNX exporters (run in onnxrunti
 at another), torch.export and torch.compile(fullgraph=True, backend="eager"); logits must match eager
 PyTorch within 1e-4.
 """
+
 from __future__ import annotations
 
 import io
@@ -43,11 +44,25 @@ def build(backbone: str, attention, depth: int = 1) -> torch.nn.Module:
     """``depth``: the ViT's blocks (2 gives window attention a shifted block)."""
     torch.manual_seed(0)
     if backbone == "vit":
-        model = vitzoo.create_model("vit_tiny", attention=attention, img_size=32, patch_size=8, num_classes=5,
-                                    embed_dim=32, depth=depth, num_heads=2)
+        model = vitzoo.create_model(
+            "vit_tiny",
+            attention=attention,
+            img_size=32,
+            patch_size=8,
+            num_classes=5,
+            embed_dim=32,
+            depth=depth,
+            num_heads=2,
+        )
     else:
-        model = vitzoo.create_model("nonlocal_resnet18_cifar", attention=attention, channels=(8, 16, 32, 64),
-                                    stem_width=8, num_classes=5, img_size=32)
+        model = vitzoo.create_model(
+            "nonlocal_resnet18_cifar",
+            attention=attention,
+            channels=(8, 16, 32, 64),
+            stem_width=8,
+            num_classes=5,
+            img_size=32,
+        )
         for block in model.modules():  # a non-local block starts as the identity (zero BN scale): switch it on
             if isinstance(block, NonLocalBlock):
                 torch.nn.init.ones_(block.norm.weight)
@@ -63,11 +78,19 @@ def onnx_logits(model, x, dynamo: bool, run_on=None) -> torch.Tensor:
     buf = io.BytesIO()
     if dynamo:
         batch = torch.export.Dim("batch", min=1)
-        torch.onnx.export(model, (x,), buf, dynamo=True, input_names=["x"], output_names=["y"],
-                          dynamic_shapes={"x": {0: batch}})
+        torch.onnx.export(
+            model, (x,), buf, dynamo=True, input_names=["x"], output_names=["y"], dynamic_shapes={"x": {0: batch}}
+        )
     else:
-        torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+        torch.onnx.export(
+            model,
+            (x,),
+            buf,
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+        )
     session = ort.InferenceSession(buf.getvalue())
     inp = x if run_on is None else run_on
     return torch.from_numpy(session.run(None, {"x": inp.numpy()})[0])
@@ -82,7 +105,7 @@ SIZES = {"built": (32, 32), "other": (32, 48)}  # build() makes 32 x 32 models; 
 
 
 def deploy_spec(attention, size: str) -> dict:
-    """``attention`` as a user exports it at ``size``: ``interpolate: true`` off the built size, where it is an option."""
+    """``attention`` as exported at ``size``: ``interpolate: true`` off the built size, where it is an option."""
     spec = {"name": attention} if isinstance(attention, str) else dict(attention)
     if size != "built" and "interpolate" in attention_options(resolve_attention(spec)[0]):
         spec["interpolate"] = True
@@ -94,14 +117,24 @@ def onnx_case(attention, backbone: str, dynamo: bool, size: str):
     resampled; the dynamo exporter (several seconds a model) and the built size are marked slow (the dynamo exporter
     at both sizes is in the fast run through export_onnx)."""
     fast = not dynamo and size != "built"
-    return pytest.param(attention, backbone, dynamo, size, marks=() if fast else pytest.mark.slow,
-                        id=f"{spec_id(attention)}-{backbone}-{'dynamo' if dynamo else 'legacy'}-{size}")
+    return pytest.param(
+        attention,
+        backbone,
+        dynamo,
+        size,
+        marks=() if fast else pytest.mark.slow,
+        id=f"{spec_id(attention)}-{backbone}-{'dynamo' if dynamo else 'legacy'}-{size}",
+    )
 
 
 # hedgehog's layer is linear attention's in both backbones: its map is exported once, in the ViT
-ONNX_CASES = [onnx_case(attention, backbone, dynamo, size) for attention in vitzoo.list_attentions()
-              for backbone in BACKBONES for dynamo in (False, True) for size in SIZES] + \
-    [onnx_case(HEDGEHOG, "vit", dynamo, size) for dynamo in (False, True) for size in SIZES]
+ONNX_CASES = [
+    onnx_case(attention, backbone, dynamo, size)
+    for attention in vitzoo.list_attentions()
+    for backbone in BACKBONES
+    for dynamo in (False, True)
+    for size in SIZES
+] + [onnx_case(HEDGEHOG, "vit", dynamo, size) for dynamo in (False, True) for size in SIZES]
 
 
 @pytest.mark.parametrize("attention, backbone, dynamo, size", ONNX_CASES)
@@ -148,8 +181,9 @@ def test_legacy_onnx_export_of_the_fused_linear_path_is_the_eager_model():
     """The TorchScript-based exporter can freeze the fused kernel's result into a constant (a model 0.41 off on
     other inputs): the export must answer as eager PyTorch on an input other than the one it traced."""
     torch.manual_seed(0)
-    model = vitzoo.create_model("vit_tiny", attention="linear", img_size=32, patch_size=8, num_classes=10,
-                                embed_dim=64, depth=2, num_heads=2).eval()
+    model = vitzoo.create_model(
+        "vit_tiny", attention="linear", img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=2
+    ).eval()
     x, other = inputs(2), torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         for inp in (x, other):
@@ -164,8 +198,16 @@ def test_torchscript_is_refused_with_one_clear_error():
 # the fused linear op (recorded as its formula) and a grid-bound mixture, resampled at the other size; the fast
 # run exports the ViT at the other size (the harder case), the slow run also the built size and the ResNet
 ENTRY_CASES = [("linear", "vit", "built")] + [
-    pytest.param("synth_mix", backbone, size, marks=() if (backbone, size) == ("vit", "other") else pytest.mark.slow,
-                 id=f"synth_mix-{backbone}-{size}") for backbone in BACKBONES for size in SIZES]
+    pytest.param(
+        "synth_mix",
+        backbone,
+        size,
+        marks=() if (backbone, size) == ("vit", "other") else pytest.mark.slow,
+        id=f"synth_mix-{backbone}-{size}",
+    )
+    for backbone in BACKBONES
+    for size in SIZES
+]
 
 
 @pytest.mark.parametrize("attention, backbone, size", ENTRY_CASES)
@@ -194,9 +236,12 @@ def _negative_transpose(model, args, f, **kwargs):
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Transpose", ["images"], ["output"], perm=[0, -1, 1, 2])], "bad",
-                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 32, 3, 32])])
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["images"], ["output"], perm=[0, -1, 1, 2])],
+        "bad",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 32, 3, 32])],
+    )
     onnx.save(helper.make_model(graph), f)
 
 
@@ -204,8 +249,15 @@ _EXPORT = torch.onnx.export  # the real exporter, under the tests that replace i
 
 
 def _legacy_export(model, args, f, batch_axis: bool):
-    _EXPORT(model, args, f, dynamo=False, input_names=["images"], output_names=["output"],
-            dynamic_axes={"images": {0: "batch"}} if batch_axis else None)
+    _EXPORT(
+        model,
+        args,
+        f,
+        dynamo=False,
+        input_names=["images"],
+        output_names=["output"],
+        dynamic_axes={"images": {0: "batch"}} if batch_axis else None,
+    )
 
 
 def _fixed_batch(model, args, f, **kwargs):
@@ -218,9 +270,11 @@ def _other_function(model, args, f, **kwargs):
     _legacy_export(build("vit", "linear"), args, f, batch_axis=True)
 
 
-BAD_FILES = {"invalid": (_negative_transpose, r"is not a valid ONNX model \(.*Invalid attribute perm"),
-             "fixed_batch": (_fixed_batch, "does not run in onnxruntime"),
-             "other_function": (_other_function, "differs from eager PyTorch by")}
+BAD_FILES = {
+    "invalid": (_negative_transpose, r"is not a valid ONNX model \(.*Invalid attribute perm"),
+    "fixed_batch": (_fixed_batch, "does not run in onnxruntime"),
+    "other_function": (_other_function, "differs from eager PyTorch by"),
+}
 
 
 @pytest.mark.parametrize("write, message", BAD_FILES.values(), ids=BAD_FILES)

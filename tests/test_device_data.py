@@ -1,5 +1,6 @@
 """The device-resident data path (data.device_cache) on CPU tensors: the same images and augmentation
 statistics as the albumentations path, determinism for a seed, the cache file, and a run that learns."""
+
 from __future__ import annotations
 
 import cv2
@@ -8,8 +9,13 @@ import pytest
 import torch
 
 from conftest import SyncOps, compose_config, write_image_folder
-from vitzoo.data import (DigitsDataModule, ImageFolderDataModule, SyntheticDataModule, build_eval_transform,
-                         build_train_transform)
+from vitzoo.data import (
+    DigitsDataModule,
+    ImageFolderDataModule,
+    SyntheticDataModule,
+    build_eval_transform,
+    build_train_transform,
+)
 from vitzoo.data.device_data import DeviceBatches, decode_split
 from vitzoo.training import train
 
@@ -74,8 +80,9 @@ def test_a_seed_fixes_every_epoch_and_epochs_differ():
 
 def test_ddp_ranks_get_equal_disjoint_shares():
     images = decode_split(np.zeros((10, 4, 4, 3), np.uint8), 4)
-    shares = [DeviceBatches(images, list(range(10)), 2, MEAN, STD, train=True, seed=1, rank=r, world_size=3)
-              for r in range(3)]
+    shares = [
+        DeviceBatches(images, list(range(10)), 2, MEAN, STD, train=True, seed=1, rank=r, world_size=3) for r in range(3)
+    ]
     labels = [torch.cat([y for _, y in s]).tolist() for s in shares]
     assert [len(s) for s in shares] == [1, 1, 1] and all(len(lab) == 2 for lab in labels)
     assert len(set(sum(labels, []))) == 6
@@ -85,8 +92,9 @@ def test_ddp_ranks_get_equal_disjoint_shares():
 
 
 def _module(root, **kwargs):
-    return ImageFolderDataModule(str(root), img_size=16, val_fraction=0.25, batch_size=2, num_workers=0,
-                                 device_cache=True, **kwargs)
+    return ImageFolderDataModule(
+        str(root), img_size=16, val_fraction=0.25, batch_size=2, num_workers=0, device_cache=True, **kwargs
+    )
 
 
 def test_the_cache_is_built_once_then_reused_and_a_stale_or_broken_one_is_an_error(tmp_path):
@@ -101,14 +109,19 @@ def test_the_cache_is_built_once_then_reused_and_a_stale_or_broken_one_is_an_err
     assert cache.stat().st_mtime_ns == built  # read, not rebuilt
     assert torch.equal(again.device_splits["train"][0], dm.device_splits["train"][0])
     # The cached images are the albumentations path's eval images.
-    plain = ImageFolderDataModule(str(tmp_path), img_size=16, val_fraction=0.25, batch_size=2, num_workers=0,
-                                  mean=MEAN, std=STD)
+    plain = ImageFolderDataModule(
+        str(tmp_path), img_size=16, val_fraction=0.25, batch_size=2, num_workers=0, mean=MEAN, std=STD
+    )
     plain.setup("fit")
     cached = _module(tmp_path, mean=MEAN, std=STD)
     cached.setup("fit")
     assert cached.device_splits is not None
-    torch.testing.assert_close(torch.cat([b for b, _ in cached.val_dataloader()]),
-                               torch.cat([b for b, _ in plain.val_dataloader()]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.cat([b for b, _ in cached.val_dataloader()]),
+        torch.cat([b for b, _ in plain.val_dataloader()]),
+        rtol=0,
+        atol=1e-6,
+    )
 
     cv2.imwrite(str(tmp_path / "train" / "a" / "0.png"), np.zeros((20, 20, 3), np.uint8))  # an image changes
     with pytest.raises(ValueError, match=r"built from other images.*delete it"):
@@ -118,8 +131,9 @@ def test_the_cache_is_built_once_then_reused_and_a_stale_or_broken_one_is_an_err
         _module(tmp_path).setup("fit")
 
 
-@pytest.mark.parametrize("aug, fix", [({"policy": "strong"}, "data.aug.policy=basic"),
-                                      ({"gauss_noise": 0.1}, "data.aug.gauss_noise=0")])
+@pytest.mark.parametrize(
+    "aug, fix", [({"policy": "strong"}, "data.aug.policy=basic"), ({"gauss_noise": 0.1}, "data.aug.gauss_noise=0")]
+)
 def test_augmentations_only_albumentations_has_are_an_error(aug, fix):
     with pytest.raises(ValueError, match=fix):
         DigitsDataModule(device_cache=True, aug=aug)
@@ -155,8 +169,9 @@ def test_the_gpu_zoo_recipe_takes_the_device_path(tmp_path):
     from hydra.utils import instantiate
 
     write_image_folder(tmp_path / "data", per_class=12)
-    cfg = compose_config(tmp_path, ["experiment=zoo_gpu", "model=vit_softmax", f"data.root={tmp_path / 'data'}",
-                                    "data.batch_size=4"])
+    cfg = compose_config(
+        tmp_path, ["experiment=zoo_gpu", "model=vit_softmax", f"data.root={tmp_path / 'data'}", "data.batch_size=4"]
+    )
     dm = instantiate(cfg.data)
     assert dm.uses_device_cache() and cfg.module.mixup.mixup_alpha > 0
     dm.setup("fit")

@@ -1,4 +1,5 @@
 """diagnostics: attention maps captured without editing the model, and per-layer entropy H / log n."""
+
 import math
 
 import pytest
@@ -9,8 +10,14 @@ import vitzoo
 from vitzoo.attention import ZooAttention, build_attention
 from vitzoo.diagnostics import attention_entropy, capture_attention
 
-from attention_reference import (efficient_ref, entropy, kernel_ref, module_qkv,  # noqa: F401
-                                 single_thread, softmax_ref)
+from attention_reference import (
+    efficient_ref,
+    entropy,
+    kernel_ref,
+    module_qkv,  # noqa: F401
+    single_thread,  # noqa: F401 (an autouse fixture)
+    softmax_ref,
+)
 
 VIT = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_classes=5)
 
@@ -37,7 +44,9 @@ def layer_inputs(model):
     seen, handles = {}, []
     for name, m in model.named_modules():
         if isinstance(m, ZooAttention):
-            handles.append(m.register_forward_pre_hook(lambda mod, args, name=name: seen.__setitem__(name, args[0].detach())))
+            handles.append(
+                m.register_forward_pre_hook(lambda mod, args, name=name: seen.__setitem__(name, args[0].detach()))
+            )
     return seen, handles
 
 

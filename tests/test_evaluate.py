@@ -1,4 +1,5 @@
 """vitzoo.training.evaluate against top-k accuracy and mean cross-entropy written from their definitions."""
+
 from __future__ import annotations
 
 import pytest

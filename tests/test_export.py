@@ -1,4 +1,5 @@
 """vitzoo.export: checkpoint -> timm hub dir -> timm / smp rebuild the same network; bad input is clear."""
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,24 @@ MECHANISMS = [{"name": name} for name in vitzoo.list_attentions()] + [{"name": "
 def _checkpoint(path: Path, arch: str = "vit_cifar", attention="softmax", model_kwargs=SMALL_VIT) -> Path:
     """A checkpoint in the pipeline's format (state_dict under ``model.`` + plain hyperparameters)."""
     torch.manual_seed(0)
-    module = ImageClassifier(arch, attention, num_classes=5, img_size=32, mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6),
-                             model_kwargs=model_kwargs)
+    module = ImageClassifier(
+        arch,
+        attention,
+        num_classes=5,
+        img_size=32,
+        mean=(0.1, 0.2, 0.3),
+        std=(0.4, 0.5, 0.6),
+        model_kwargs=model_kwargs,
+    )
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, path)
     return path
 
 
 def _small_vit(attention, **kwargs):
     torch.manual_seed(0)
-    return vitzoo.create_model("vit_cifar", attention=attention, img_size=32, num_classes=5, **SMALL_VIT,
-                               **kwargs).eval()
+    return vitzoo.create_model(
+        "vit_cifar", attention=attention, img_size=32, num_classes=5, **SMALL_VIT, **kwargs
+    ).eval()
 
 
 _FRESH_PROCESS = textwrap.dedent("""
@@ -52,9 +61,12 @@ _FRESH_PROCESS = textwrap.dedent("""
 
 
 def test_export_rebuilds_identical_logits_in_a_fresh_process(tmp_path):
-    cases = [("vit_cifar", "softmax", True), ("vit_cifar", {"name": "linear", "feature_map": "relu"}, True),
-             ("vit_cifar", {"name": "synth_random", "heads": "projected"}, False),
-             ("nonlocal_resnet18_cifar", "linear", True)]
+    cases = [
+        ("vit_cifar", "softmax", True),
+        ("vit_cifar", {"name": "linear", "feature_map": "relu"}, True),
+        ("vit_cifar", {"name": "synth_random", "heads": "projected"}, False),
+        ("nonlocal_resnet18_cifar", "linear", True),
+    ]
     x = torch.randn(2, 3, 32, 32)
     expected, dirs = [], []
     for i, (arch, attention, head) in enumerate(cases):
@@ -77,8 +89,12 @@ def test_config_is_timm_hub_layout_with_the_full_attention_spec(tmp_path):
     assert cfg["architecture"] == "vit_cifar" and cfg["num_classes"] == 5 and cfg["num_features"] == 32
     assert cfg["model_args"]["attention"] == {**spec, "train_tokens": 65}  # log-n pinned at 1 + (32 / 4)^2 tokens
     assert cfg["model_args"]["img_size"] == [32, 32] and cfg["model_args"]["depth"] == 4
-    assert {k: cfg["model_args"][k] for k in ("patch_size", "embed_dim", "num_heads", "mlp_ratio")} == \
-        {"patch_size": 4, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2.0}  # the shape, not only the defaults
+    assert {k: cfg["model_args"][k] for k in ("patch_size", "embed_dim", "num_heads", "mlp_ratio")} == {
+        "patch_size": 4,
+        "embed_dim": 32,
+        "num_heads": 2,
+        "mlp_ratio": 2.0,
+    }  # the shape, not only the defaults
     pcfg = cfg["pretrained_cfg"]
     assert pcfg["input_size"] == [3, 32, 32] and pcfg["num_classes"] == 5
     assert pcfg["mean"] == [0.1, 0.2, 0.3] and pcfg["std"] == [0.4, 0.5, 0.6]
@@ -119,13 +135,15 @@ def test_default_feature_levels_spread_over_depth(tmp_path):
 
 def test_nonlocal_resnet_pyramid_and_smp_unet(tmp_path):
     import segmentation_models_pytorch as smp
+
     torch.manual_seed(0)
     export_model(vitzoo.create_model("nonlocal_resnet18", attention="linear", img_size=64, num_classes=0), tmp_path)
     features = load_exported(tmp_path, features_only=True, out_indices=(1, 2, 3, 4))
     assert features.feature_info.reduction() == [4, 8, 16, 32]
     assert [f.shape[-1] for f in features(torch.randn(1, 3, 128, 128))] == [32, 16, 8, 4]
-    net = smp.Unet(encoder_name=f"tu-local-dir:{tmp_path}", encoder_weights=True, classes=3,
-                   decoder_channels=(32, 16, 16, 8, 8))
+    net = smp.Unet(
+        encoder_name=f"tu-local-dir:{tmp_path}", encoder_weights=True, classes=3, decoder_channels=(32, 16, 16, 8, 8)
+    )
     weights = load_file(str(tmp_path / WEIGHTS_NAME))
     encoder = net.encoder.model.state_dict()
     assert all(torch.equal(encoder[k], weights[k]) for k in encoder)
@@ -134,9 +152,14 @@ def test_nonlocal_resnet_pyramid_and_smp_unet(tmp_path):
 
 def test_smp_dpt_builds_from_the_export_with_its_weights(tmp_path):
     import segmentation_models_pytorch as smp
+
     export_model(_small_vit({"name": "synth_factorized_random"}), tmp_path, head=False)
-    net = smp.DPT(encoder_name=f"tu-local-dir:{tmp_path}", classes=3, decoder_intermediate_channels=(16, 32, 32, 32),
-                  decoder_fusion_channels=16).eval()
+    net = smp.DPT(
+        encoder_name=f"tu-local-dir:{tmp_path}",
+        classes=3,
+        decoder_intermediate_channels=(16, 32, 32, 32),
+        decoder_fusion_channels=16,
+    ).eval()
     weights = load_file(str(tmp_path / WEIGHTS_NAME))
     for name, value in net.encoder.model.state_dict().items():
         assert torch.equal(value, weights[name]), name
@@ -166,15 +189,17 @@ def test_cli_keeps_an_existing_export_unless_forced(tmp_path, capsys):
 
     assert export_cli([str(ckpt), str(ckpt)]) == 2  # OUT is a file
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {ckpt} is a file; the export is a folder (model.safetensors + config.json): pass a "
-                   f"folder path"]
+    assert err == [
+        f"error: {ckpt} is a file; the export is a folder (model.safetensors + config.json): pass a folder path"
+    ]
     assert export_cli([str(tmp_path / "missing.ckpt"), str(tmp_path / "x")]) == 2
     assert "ckpt_path" not in capsys.readouterr().err  # the CLI takes the checkpoint as an argument, not a key
 
 
 def test_training_run_exports_its_best_checkpoint(tmp_path):
-    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_softmax", "trainer.max_epochs=2",
-                                    "callbacks.export_best.head=false"])  # on by default
+    cfg = compose_config(
+        tmp_path, ["debug=tiny_vit", "model=vit_softmax", "trainer.max_epochs=2", "callbacks.export_best.head=false"]
+    )  # on by default
     metrics = train(cfg)
     best, _ = load_classifier(metrics["best_ckpt"])
     exported = load_exported(tmp_path / "export").eval()
@@ -208,14 +233,17 @@ def exported(tmp_path):
 
 def _smp_dpt(export_dir):
     import segmentation_models_pytorch as smp
+
     return smp.DPT(encoder_name=f"tu-local-dir:{export_dir}", encoder_weights=True, classes=2)
 
 
 # Every way a user loads an export reports a damaged one the same way.
-LOADERS = {"load_exported": load_exported,
-           "timm": lambda d: timm.create_model(f"local-dir:{d}", pretrained=True),
-           "timm_features": lambda d: timm.create_model(f"local-dir:{d}", pretrained=True, features_only=True),
-           "smp_dpt": _smp_dpt}
+LOADERS = {
+    "load_exported": load_exported,
+    "timm": lambda d: timm.create_model(f"local-dir:{d}", pretrained=True),
+    "timm_features": lambda d: timm.create_model(f"local-dir:{d}", pretrained=True, features_only=True),
+    "smp_dpt": _smp_dpt,
+}
 
 
 @pytest.mark.parametrize("load", LOADERS.values(), ids=LOADERS)
@@ -246,9 +274,11 @@ def test_unknown_mechanism_in_config_names_the_valid_ones(exported, load):
         load(exported)
 
 
-@pytest.mark.parametrize("attention", [{"name": "softmax", "scale": "log_n"},
-                                       {"name": "synth_mix", "parts": ["random", "softmax"], "scale": "log_n"}],
-                         ids=["softmax", "synth_mix"])
+@pytest.mark.parametrize(
+    "attention",
+    [{"name": "softmax", "scale": "log_n"}, {"name": "synth_mix", "parts": ["random", "softmax"], "scale": "log_n"}],
+    ids=["softmax", "synth_mix"],
+)
 def test_log_n_scale_keeps_its_training_length_when_a_loader_passes_img_size(attention, tmp_path):
     """smp / mmseg may pass img_size: the log-n scale must still be calibrated at the training token count."""
     model = _small_vit(attention)

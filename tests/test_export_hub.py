@@ -1,5 +1,6 @@
 """Hub conventions of an export: timm's ``attn.qkv`` names for split-head softmax (plain timm loads it), a model card
 declaring the repository's licence, and ``push_to_hub`` through timm's ``push_to_hf_hub`` (its upload mocked)."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,15 @@ def test_every_export_has_a_model_card_with_the_repositorys_licence(tmp_path):
     config = json.loads((tmp_path / "card" / "config.json").read_text())
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License\n                           Version 2.0")
     assert "license: apache-2.0" in card.split("---")[1] and config["pretrained_cfg"]["license"] == "apache-2.0"
-    for text in ("# Model card for card", "vit_cifar", "**Attention mechanism:** linear", "val/acc1: 0.9722",
-                 "datasets:\n- digits", "timm.create_model(", "vitzoo.export.load_exported("):
+    for text in (
+        "# Model card for card",
+        "vit_cifar",
+        "**Attention mechanism:** linear",
+        "val/acc1: 0.9722",
+        "datasets:\n- digits",
+        "timm.create_model(",
+        "vitzoo.export.load_exported(",
+    ):
         assert text in card, text
     assert config["vitzoo"]["metrics"] == {"val/acc1": 0.9722} and config["vitzoo"]["data"] == "Digits"
 

@@ -1,6 +1,7 @@
 """A start that is refused leaves nothing behind: no run directory, no logs/ folder, no resume record in
 the run it wanted to continue; checks that need no model answer before torch is imported; a run that had
 written something keeps it, with the error line in its log."""
+
 from __future__ import annotations
 
 import os
@@ -35,14 +36,17 @@ def _refused(proc, fix: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and fix in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("script, args, fix", [
-    ("train.py", ["data=imagefolder", "data.root=no/such/folder"], "data.root="),
-    ("train.py", ["ckpt_path=no/such/last.ckpt"], "pass a checkpoint file"),
-    ("predict.py", ["ckpt_path=seg.ckpt", "input=empty", "output=out"], "holds no files"),
-    ("predict.py", ["ckpt_path=seg.ckpt", "input=no/such/images", "output=out"], "does not exist"),
-    ("eval.py", ["ckpt_path=[seg.ckpt,no/such/last.ckpt]"], "no/such/last.ckpt' does not exist"),
-    ("eval.py", ["ckpt_path=seg.ckpt", "data=imagefolder", "data.root=no/such/folder"], "data.root="),
-])
+@pytest.mark.parametrize(
+    "script, args, fix",
+    [
+        ("train.py", ["data=imagefolder", "data.root=no/such/folder"], "data.root="),
+        ("train.py", ["ckpt_path=no/such/last.ckpt"], "pass a checkpoint file"),
+        ("predict.py", ["ckpt_path=seg.ckpt", "input=empty", "output=out"], "holds no files"),
+        ("predict.py", ["ckpt_path=seg.ckpt", "input=no/such/images", "output=out"], "does not exist"),
+        ("eval.py", ["ckpt_path=[seg.ckpt,no/such/last.ckpt]"], "no/such/last.ckpt' does not exist"),
+        ("eval.py", ["ckpt_path=seg.ckpt", "data=imagefolder", "data.root=no/such/folder"], "data.root="),
+    ],
+)
 def test_a_check_that_needs_no_model_answers_before_torch_and_leaves_nothing(tmp_path, script, args, fix):
     (tmp_path / "empty").mkdir()
     (tmp_path / "seg.ckpt").write_bytes(b"checked later, by the pipeline")
@@ -75,8 +79,14 @@ def test_a_missing_optional_dependency_is_one_line_before_any_run_folder(tmp_pat
     (tmp_path / "run.ckpt").write_bytes(b"not read: the install is checked first")
     before = _tree(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = run_python(ROOT / "eval.py", "ckpt_path=run.ckpt", "robustness.adversarial=[2]",
-                      "robustness.attack=autoattack", cwd=tmp_path, env=env)
+    proc = run_python(
+        ROOT / "eval.py",
+        "ckpt_path=run.ckpt",
+        "robustness.adversarial=[2]",
+        "robustness.attack=autoattack",
+        cwd=tmp_path,
+        env=env,
+    )
     _refused(proc, "needs torchattacks: pip install --no-deps torchattacks==3.5.1")
     assert _tree(tmp_path) == before
 
@@ -87,14 +97,14 @@ def test_a_refused_resume_leaves_the_run_as_it_was_and_a_failed_run_keeps_its_er
     done = _start("train.py", ["debug=tiny_vit", f"hydra.run.dir={run}"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     before = _tree(tmp_path)
-    other = _start("train.py", ["debug=tiny_vit", "model=vit_softmax",
-                                f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], tmp_path)
+    other = _start(
+        "train.py", ["debug=tiny_vit", "model=vit_softmax", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], tmp_path
+    )
     _refused(other, "resume with the model= and data= options it was trained with")
     assert _tree(tmp_path) == before  # no .hydra/resume-<time>/, train.log untouched
 
     # Past its opening line a run has a record worth keeping: it stays, its log ends with the error.
-    late = _start("train.py", ["debug=tiny_vit", "data.batch_size=100", f"hydra.run.dir={tmp_path / 'late'}"],
-                  tmp_path)
+    late = _start("train.py", ["debug=tiny_vit", "data.batch_size=100", f"hydra.run.dir={tmp_path / 'late'}"], tmp_path)
     _refused(late, "lower data.batch_size")
     log = (tmp_path / "late" / "train.log").read_text().strip().splitlines()
     assert "run directory" in log[0] and log[-1].endswith(late.stderr.strip())

@@ -1,5 +1,6 @@
 """Hybrid stacks: a mechanism per block in create_model (list and short form), in both backbones, through Hydra,
 exports and attention transfer (only the converted blocks are taught)."""
+
 from __future__ import annotations
 
 import lightning as L
@@ -46,8 +47,7 @@ def test_a_stack_of_one_mechanism_is_that_mechanism():
 
 
 def test_shared_options_reach_every_block_and_specs_keep_their_own():
-    model = vit({":2": "linear", "2:": {"name": "lion", "decay": "selective", "logit_noise": 0.3},
-                 "logit_noise": 0.2})
+    model = vit({":2": "linear", "2:": {"name": "lion", "decay": "selective", "logit_noise": 0.3}, "logit_noise": 0.2})
     assert kinds(model) == [LinearAttention] * 2 + [LionAttention] * 2
     assert [b.attn.logit_noise for b in model.blocks] == [0.2, 0.2, 0.3, 0.3]
 
@@ -60,15 +60,18 @@ def test_slices_follow_the_depth():
     assert describe(form) == "rala :-3 + softmax -3:" and describe(["rala"] * 2 + ["softmax"]) == "rala x2 + softmax x1"
 
 
-@pytest.mark.parametrize("attention, fix", [
-    (["linear"] * 3, "lists 3 specs for 4 blocks"),
-    ({":2": "linear"}, r"leave blocks \[2, 3\] without a mechanism"),
-    ({":3": "linear", "2:": "softmax"}, "block 2 is in two ranges"),
-    ({"7": "linear", ":": "softmax"}, "block 7 lies outside blocks 0-3"),
-    ({"heads": "split"}, "neither a 'name' nor block ranges"),
-    ({":2": "linear", "2:": "softmaxx"}, "unknown attention 'softmaxx'"),
-    ({":2": "linear", "2:": "softmax", "0-5": "rala"}, r"has no option\(s\) \[.0-5.\]"),
-])
+@pytest.mark.parametrize(
+    "attention, fix",
+    [
+        (["linear"] * 3, "lists 3 specs for 4 blocks"),
+        ({":2": "linear"}, r"leave blocks \[2, 3\] without a mechanism"),
+        ({":3": "linear", "2:": "softmax"}, "block 2 is in two ranges"),
+        ({"7": "linear", ":": "softmax"}, "block 7 lies outside blocks 0-3"),
+        ({"heads": "split"}, "neither a 'name' nor block ranges"),
+        ({":2": "linear", "2:": "softmaxx"}, "unknown attention 'softmaxx'"),
+        ({":2": "linear", "2:": "softmax", "0-5": "rala"}, r"has no option\(s\) \[.0-5.\]"),
+    ],
+)
 def test_a_bad_stack_is_one_line_naming_the_fix(attention, fix):
     with pytest.raises(ValueError, match=fix) as err:
         vit(attention)
@@ -77,15 +80,22 @@ def test_a_bad_stack_is_one_line_naming_the_fix(attention, fix):
 
 def test_the_non_local_resnet_takes_a_stack_over_its_non_local_blocks():
     torch.manual_seed(0)
-    model = vitzoo.create_model("nonlocal_resnet18_cifar", attention=["softmax", {"name": "lion", "decay": "fixed"}],
-                                channels=(8, 16, 16, 16), stem_width=8, num_classes=3, nonlocal_per_stage=1)
+    model = vitzoo.create_model(
+        "nonlocal_resnet18_cifar",
+        attention=["softmax", {"name": "lion", "decay": "fixed"}],
+        channels=(8, 16, 16, 16),
+        stem_width=8,
+        num_classes=3,
+        nonlocal_per_stage=1,
+    )
     assert kinds(model) == [SoftmaxAttention, LionAttention]
     out = model(torch.randn(2, 3, 48, 48))
     out.square().mean().backward()
     assert torch.isfinite(out).all()
     with pytest.raises(ValueError, match="lists 3 specs for 2 blocks"):
-        vitzoo.create_model("nonlocal_resnet18_cifar", attention=["softmax"] * 3, channels=(8, 16, 16, 16),
-                            stem_width=8)
+        vitzoo.create_model(
+            "nonlocal_resnet18_cifar", attention=["softmax"] * 3, channels=(8, 16, 16, 16), stem_width=8
+        )
 
 
 @pytest.mark.parametrize("attention", [["linear", "pola", "lion", "softmax"], {":-1": "mlla", "-1:": "softmax"}])
@@ -103,8 +113,15 @@ def test_hydra_takes_the_short_form_preset_and_a_list(tmp_path):
     cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_rala_softmax", "model.kwargs.depth=4"])
     module = build_classifier(cfg, instantiate(cfg.data))
     assert kinds(module.model) == [RalaAttention] + [SoftmaxAttention] * 3
-    listed = compose_config(tmp_path, ["debug=tiny_vit", "model.kwargs.depth=2", "model.attention=null",
-                                       "model.attention=[linear,{name: rala, kernel_size: 3}]"])
+    listed = compose_config(
+        tmp_path,
+        [
+            "debug=tiny_vit",
+            "model.kwargs.depth=2",
+            "model.attention=null",
+            "model.attention=[linear,{name: rala, kernel_size: 3}]",
+        ],
+    )
     assert OmegaConf.to_container(listed.model.attention) == ["linear", {"name": "rala", "kernel_size": 3}]
     module = build_classifier(listed, instantiate(listed.data))
     assert kinds(module.model) == [LinearAttention, RalaAttention]
@@ -113,10 +130,19 @@ def test_hydra_takes_the_short_form_preset_and_a_list(tmp_path):
 def _transfer_module(tmp_path, attention):
     from test_transfer import _teacher_file
 
-    cfg = compose_config(tmp_path, ["debug=tiny_vit", "model.kwargs.depth=2", "experiment=transfer",
-                                    "module.optim.lr=1e-2", "module.optim.warmup_epochs=0",
-                                    f"model.init_from={_teacher_file(tmp_path)}", "model.attention=null",
-                                    f"model.attention={attention}"])
+    cfg = compose_config(
+        tmp_path,
+        [
+            "debug=tiny_vit",
+            "model.kwargs.depth=2",
+            "experiment=transfer",
+            "module.optim.lr=1e-2",
+            "module.optim.warmup_epochs=0",
+            f"model.init_from={_teacher_file(tmp_path)}",
+            "model.attention=null",
+            f"model.attention={attention}",
+        ],
+    )
     datamodule = instantiate(cfg.data)
     return build_classifier(cfg, datamodule), datamodule
 
@@ -130,9 +156,16 @@ def test_transfer_teaches_only_the_converted_blocks(tmp_path):
     assert not any(p.requires_grad for p in student[1].parameters())
     assert any(p.requires_grad for p in student[0].parameters())
     before = {n: t.clone() for n, t in module.model.blocks[1].state_dict().items()}
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2,
-                        limit_val_batches=1)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=2,
+        limit_val_batches=1,
+    )
     trainer.fit(module, datamodule=datamodule)
     after = module.model.blocks[1].state_dict()
     assert all(torch.equal(before[n], after[n]) for n in before)  # the softmax block stays the teacher's

@@ -1,5 +1,6 @@
 """vitzoo's modules import one way: no module reaches itself through its imports (at the top of a file or
 inside a function alike), so each room can be read, and loaded, without the rooms that build on it."""
+
 from __future__ import annotations
 
 import ast
@@ -85,8 +86,12 @@ def test_vitzoo_attention_imports_every_module_of_its_package_and_exports_every_
 
     init = ast.parse((PACKAGE / "attention" / "__init__.py").read_text())
     imported = {node.module for node in init.body if isinstance(node, ast.ImportFrom) and node.level == 1}
-    imported |= {alias.name for node in init.body if isinstance(node, ast.ImportFrom) and node.level == 1
-                 and node.module is None for alias in node.names}
+    imported |= {
+        alias.name
+        for node in init.body
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None
+        for alias in node.names
+    }
     modules = {p.stem for p in (PACKAGE / "attention").glob("*.py") if p.stem != "__init__"}
     missing = sorted(modules - imported)
     assert not missing, f"add `from .{missing[0]} import <its classes>` to vitzoo/attention/__init__.py"

@@ -4,6 +4,7 @@ out_i = phi(q_i) S / (phi(q_i).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi
 The Triton kernels run under Triton's CPU interpreter in a subprocess (TRITON_INTERPRET must be
 set before triton is imported, so it cannot be switched on inside this pytest process).
 """
+
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from vitzoo.kernels import cpu_kernel as CK
 def torch_path(q, k, v, feature_map="elu", eps=1e-6, **options):
     """The chunked torch path (``chunk``, ``use_kernel``) behind the public entry."""
     return fused_linear_attention(q, k, v, feature_map, eps, impl="torch", **options)
+
 
 EPS = 1e-6
 
@@ -54,8 +56,9 @@ SHAPES = [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (7, 1, 130, 64, 48), (1, 1, 130
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor", "identity"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("impl,chunk,use_kernel", [("torch", None, None), ("torch", 8, None), ("torch", 8, False),
-                                                   ("eager", None, None)])
+@pytest.mark.parametrize(
+    "impl,chunk,use_kernel", [("torch", None, None), ("torch", 8, None), ("torch", 8, False), ("eager", None, None)]
+)
 def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kernel):
     """torch path: the compiled CPU kernel where it serves (elu, relu, identity) and torch ops (use_kernel=False);
     identity takes positive precomputed features (256 of them for 64 value channels in the last shape)."""
@@ -72,8 +75,18 @@ def test_paths_match_float64_reference(feature_map, shape, impl, chunk, use_kern
         assert_close_rel(g, g_ref, 1e-4)
 
 
-@pytest.mark.parametrize("feature_map,use_kernel", [("elu", True), ("relu", True), ("identity", True), ("elu", False),
-                                                    ("relu", False), ("identity", False), ("taylor", None)])
+@pytest.mark.parametrize(
+    "feature_map,use_kernel",
+    [
+        ("elu", True),
+        ("relu", True),
+        ("identity", True),
+        ("elu", False),
+        ("relu", False),
+        ("identity", False),
+        ("taylor", None),
+    ],
+)
 def test_gradcheck_float64(feature_map, use_kernel):
     q, k, v = make_qkv(1, 2, 7, 4, 3, dtype=torch.float64, features=feature_map == "identity")
     fn = lambda q, k, v: torch_path(q, k, v, feature_map, EPS, chunk=3, use_kernel=use_kernel)  # noqa: E731
@@ -138,7 +151,7 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
         err = (z.flatten().double() - expected).abs()
         normal = expected >= torch.finfo(torch.float32).tiny
         assert (err[normal] / expected[normal]).max() < 3e-7, name
-        assert err[~normal].max() <= 2.0 ** -149, name
+        assert err[~normal].max() <= 2.0**-149, name
 
 
 def test_cpu_kernel_keeps_subnormal_features_apart():
@@ -239,8 +252,9 @@ def test_auto_on_cpu_is_the_torch_path_and_functional_dispatches_to_it():
     torch_out = fused_linear_attention(q, k, v, impl="torch")
     assert torch.equal(fused_linear_attention(q, k, v, impl="auto"), torch_out)
     assert torch.equal(AF.linear_attention(q, k, v, impl="auto"), torch_out)
-    assert torch.equal(AF.taylor_attention(q, k, v, impl="torch"),
-                       fused_linear_attention(q, k, v, "taylor", impl="torch"))
+    assert torch.equal(
+        AF.taylor_attention(q, k, v, impl="torch"), fused_linear_attention(q, k, v, "taylor", impl="torch")
+    )
 
 
 def test_saves_only_inputs_and_state():
@@ -301,8 +315,12 @@ def test_many_slices_on_torch_threads_match_few_slices_on_workers():
     try:
         q, k, v = make_qkv(8, 3, 1400, 16)
         out = fused_linear_attention(q, k, v, impl="torch", chunk=128)
-        per_sample = torch.cat([fused_linear_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], impl="torch", chunk=128)
-                                for i in range(8)])
+        per_sample = torch.cat(
+            [
+                fused_linear_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], impl="torch", chunk=128)
+                for i in range(8)
+            ]
+        )
         torch.testing.assert_close(out, per_sample, rtol=1e-5, atol=1e-6)
         for g, g_ref in zip(grads(out, (q, k, v)), grads(per_sample, (q, k, v))):
             torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-6)
@@ -361,15 +379,24 @@ def test_torch_func_grad_and_per_sample_grads_match_eager():
     for transform in (lambda f: torch.func.grad(f)(w, x[0]), lambda f: torch.vmap(torch.func.grad(f), (None, 0))(w, x)):
         torch.testing.assert_close(transform(loss("torch")), transform(loss("eager")))
     for in_dims, k in [(0, x), ((0, None, 0), x[0])]:  # k mapped, or one k for every sample
-        out = [torch.vmap(lambda q, k, v: AF.linear_attention(q, k, v, impl=impl), in_dims)(x, k, -x)
-               for impl in ("torch", "eager")]
+        out = [
+            torch.vmap(lambda q, k, v: AF.linear_attention(q, k, v, impl=impl), in_dims)(x, k, -x)
+            for impl in ("torch", "eager")
+        ]
         torch.testing.assert_close(*out)
 
 
 @pytest.mark.parametrize("impl", ["auto", "torch"])
-@pytest.mark.parametrize("shapes", [((1, 2, 0, 4),) * 3, ((1, 2, 5, 4), (1, 2, 0, 4), (1, 2, 0, 3)),
-                                    ((0, 2, 5, 4),) * 3, ((1, 2, 5, 4), (1, 2, 3, 4), (1, 2, 3, 0))],
-                         ids=["no-tokens", "no-keys", "no-batch", "no-value-dims"])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((1, 2, 0, 4),) * 3,
+        ((1, 2, 5, 4), (1, 2, 0, 4), (1, 2, 0, 3)),
+        ((0, 2, 5, 4),) * 3,
+        ((1, 2, 5, 4), (1, 2, 3, 4), (1, 2, 3, 0)),
+    ],
+    ids=["no-tokens", "no-keys", "no-batch", "no-value-dims"],
+)
 def test_empty_inputs_follow_the_formula(shapes, impl):
     """No tokens, keys, batch or value dims: the formula's (possibly empty) result, zeros without keys."""
     q, k, v = (torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes)
@@ -440,8 +467,11 @@ def test_bad_inputs_raise_errors_that_name_the_fix():
 # (feature map, B, H, Nq, Nk, D, Dv, layout, inputs that want gradients); bhnd: contiguous, bnhd: a
 # (B, N, H, D) tensor transposed, packed: timm's (B, N, 3, H, D) qkv tensor (Nq = Nk, D = Dv)
 TRITON_CASES = [
-    *[(fm, b, h, n, n, d, dv, "bhnd", "qkv") for fm in ("elu", "relu")
-      for b, h, n, d, dv in [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (2, 1, 130, 16, 24), (1, 2, 70, 64, 64)]],
+    *[
+        (fm, b, h, n, n, d, dv, "bhnd", "qkv")
+        for fm in ("elu", "relu")
+        for b, h, n, d, dv in [(1, 1, 1, 16, 16), (1, 7, 17, 32, 32), (2, 1, 130, 16, 24), (1, 2, 70, 64, 64)]
+    ],
     ("elu", 2, 3, 200, 300, 48, 80, "bhnd", "qkv"),  # several splits on both sides (interpreter: 64-token blocks)
     ("relu", 1, 1, 300, 90, 20, 20, "bnhd", "qkv"),  # several blocks per split in the dq kernel
     ("elu", 2, 2, 33, 65, 20, 48, "bnhd", "q"),
@@ -524,10 +554,18 @@ _TRITON_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not triton_available(), reason="triton does not import here")
 def test_triton_kernels_under_the_interpreter():
     """Forward and backward Triton kernels (elu, relu, identity) in fp32 vs the float64 reference, on TRITON_CASES."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, json.dumps(TRITON_CASES)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_SCRIPT, json.dumps(TRITON_CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(report["checked"]) == len(TRITON_CASES)

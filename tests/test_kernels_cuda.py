@@ -4,6 +4,7 @@ Skipped where no GPU is visible (CI). The reference is the formula itself in flo
 (rounded) inputs, in its linear-time form, so 65,536 tokens fit: out = phi(q) S / (phi(q).z + eps) with
 S = sum_j phi(k_j)^T v_j and z = sum_j phi(k_j). Errors are norm-wise, relative to the reference.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,10 @@ from attention_reference import kernel_ref_linear_time
 from vitzoo.kernels import fused_linear_attention, triton_available
 
 DEVICE = torch.device("cuda")
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()),
-                                                   reason="needs a CUDA GPU and triton")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (torch.cuda.is_available() and triton_available()), reason="needs a CUDA GPU and triton"),
+]
 EPS = 1e-6
 # Norm-wise relative error allowed: fp32 runs IEEE dots; bf16/fp16 inputs are read into fp32 and multiplied
 # as TF32 (10-bit mantissa), with fp32 state and normaliser, so the output's own rounding dominates.
@@ -36,13 +39,15 @@ def make_inputs(b, h, n, d, dv, dtype, layout="bhnd", std=1.0, seed=0, features=
         return qkv.to(dtype).permute(2, 0, 3, 1, 4).unbind(0)
     q, k, v = [std * torch.randn(b, h, n, w, generator=g, device=DEVICE) for w in (d, d, dv)]
     if features:
-        q, k = (x.exp() / d ** 0.5 for x in (q, k))
+        q, k = (x.exp() / d**0.5 for x in (q, k))
     return [x.to(dtype) for x in (q, k, v)]
 
 
 def check(b, h, n, d, dv, dtype, feature_map="elu", layout="bhnd", std=1.0):
-    q, k, v = (t.detach().requires_grad_(True)
-               for t in make_inputs(b, h, n, d, dv, dtype, layout, std, features=feature_map == "identity"))
+    q, k, v = (
+        t.detach().requires_grad_(True)
+        for t in make_inputs(b, h, n, d, dv, dtype, layout, std, features=feature_map == "identity")
+    )
     out = fused_linear_attention(q, k, v, feature_map, impl="triton")
     assert out.dtype == dtype and out.shape == (b, h, n, dv) and torch.isfinite(out).all()
     refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
@@ -142,8 +147,7 @@ def _eager(model):
     return model
 
 
-@pytest.mark.parametrize("preset", [{"name": "linear", "feature_map": "elu"},
-                                    {"name": "performer"}])
+@pytest.mark.parametrize("preset", [{"name": "linear", "feature_map": "elu"}, {"name": "performer"}])
 def test_vit_under_bf16_autocast_matches_its_eager_twin(preset):
     """A ViT's forward and backward under bf16 autocast on the Triton path against the eager formula: elu+1 on
     bf16 q, k; Performer's fp32 features (autocast leaves the custom op's fp32 inputs fp32: IEEE dots)."""

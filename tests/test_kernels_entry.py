@@ -1,4 +1,5 @@
 """vitzoo.kernels.fused_linear_attention routes each call to one path and ignores no argument it was given."""
+
 from __future__ import annotations
 
 import pytest

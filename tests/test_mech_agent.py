@@ -1,4 +1,5 @@
 """Agent attention against softmax(Q A^T) softmax(A K^T) V + DWC(V) written from the formula (float64)."""
+
 import math
 
 import pytest
@@ -19,8 +20,15 @@ N = PREFIX + GRID[0] * GRID[1]
 
 def build(spec, grid=GRID, prefix=PREFIX, seed=0):
     torch.manual_seed(seed)
-    m = build_attention({"name": "agent", **spec}, DIM, num_heads=HEADS, qkv_bias=True,
-                        num_tokens=prefix + grid[0] * grid[1], num_prefix_tokens=prefix, grid_size=grid).double()
+    m = build_attention(
+        {"name": "agent", **spec},
+        DIM,
+        num_heads=HEADS,
+        qkv_bias=True,
+        num_tokens=prefix + grid[0] * grid[1],
+        num_prefix_tokens=prefix,
+        grid_size=grid,
+    ).double()
     m.token_grid = grid
     return m
 
@@ -39,9 +47,9 @@ def resized(t, size, dims):
     if tuple(t.shape[d] for d in dims) == tuple(size):
         return t
     moved = t.movedim(dims, tuple(range(-len(dims), 0)))
-    flat = moved.reshape(1, -1, *moved.shape[-len(dims):])
+    flat = moved.reshape(1, -1, *moved.shape[-len(dims) :])
     out = F.interpolate(flat, size=tuple(size), mode="linear" if len(dims) == 1 else "bilinear", align_corners=False)
-    return out.reshape(*moved.shape[:-len(dims)], *size).movedim(tuple(range(-len(dims), 0)), dims)
+    return out.reshape(*moved.shape[: -len(dims)], *size).movedim(tuple(range(-len(dims), 0)), dims)
 
 
 def ref_biases(m, grid):
@@ -50,10 +58,12 @@ def ref_biases(m, grid):
     at another grid than the built one the row / column tables are resized linearly along their grid axis."""
     b, (h, w) = m.bias, grid
     H, n_a = b.an.shape[:2]
-    to_tokens = (resized(b.an, grid, (2, 3)) + resized(b.ah, (h,), (2,))[..., None]
-                 + resized(b.aw, (w,), (2,))[..., None, :]).reshape(H, n_a, h * w)
-    to_agents = (resized(b.na, grid, (2, 3)).reshape(H, n_a, h * w).transpose(1, 2)
-                 + (resized(b.ha, (h,), (1,))[:, :, None] + resized(b.wa, (w,), (1,))[:, None]).reshape(H, h * w, n_a))
+    to_tokens = (
+        resized(b.an, grid, (2, 3)) + resized(b.ah, (h,), (2,))[..., None] + resized(b.aw, (w,), (2,))[..., None, :]
+    ).reshape(H, n_a, h * w)
+    to_agents = resized(b.na, grid, (2, 3)).reshape(H, n_a, h * w).transpose(1, 2) + (
+        resized(b.ha, (h,), (1,))[:, :, None] + resized(b.wa, (w,), (1,))[:, None]
+    ).reshape(H, h * w, n_a)
     return torch.cat([b.ca.double(), to_agents], 1), torch.cat([b.ac.double(), to_tokens], -1)
 
 
@@ -92,7 +102,7 @@ def test_log_n_scales_count_agents_and_tokens():
     d = DIM // HEADS
     scales = (math.sqrt(d) / math.log(4) * math.log(4) / d, math.sqrt(d) / math.log(7) * math.log(N) / d)
     torch.testing.assert_close(m(x), ref_agent(m, x, (2, 2), scales)[0], rtol=1e-10, atol=1e-10)
-    assert scales[0] == pytest.approx(d ** -0.5) and scales[1] > d ** -0.5
+    assert scales[0] == pytest.approx(d**-0.5) and scales[1] > d**-0.5
 
 
 def test_one_agent_gives_every_token_the_mean_query_attention():
@@ -120,15 +130,18 @@ def test_gradcheck():
     assert gradcheck_module(m, x)
 
 
-@pytest.mark.parametrize("option, fix", [
-    ({"num_agents": 50}, "perfect square.*num_agents: 49"),
-    ({"num_agents": 0}, "perfect square"),
-    ({"kernel_size": 4}, "must be odd"),
-    ({"scale": "log"}, "log_n"),
-    ({"scale": "log_n", "grid_size": None}, "inside a vitzoo model or pass grid_size"),
-    ({"grid_size": None}, "set bias: false"),
-    ({"bias": "yes"}, "true or false"),
-])
+@pytest.mark.parametrize(
+    "option, fix",
+    [
+        ({"num_agents": 50}, "perfect square.*num_agents: 49"),
+        ({"num_agents": 0}, "perfect square"),
+        ({"kernel_size": 4}, "must be odd"),
+        ({"scale": "log"}, "log_n"),
+        ({"scale": "log_n", "grid_size": None}, "inside a vitzoo model or pass grid_size"),
+        ({"grid_size": None}, "set bias: false"),
+        ({"bias": "yes"}, "true or false"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(option, fix):
     option = dict(option)
     grid = option.pop("grid_size", (4, 4))
@@ -137,8 +150,9 @@ def test_bad_options_are_one_line_naming_the_fix(option, fix):
 
 def test_double_resolution_in_both_backbones():
     torch.manual_seed(0)
-    vit = vitzoo.create_model("vit_tiny", attention="agent", img_size=32, patch_size=8, embed_dim=32, depth=2,
-                              num_heads=2)
+    vit = vitzoo.create_model(
+        "vit_tiny", attention="agent", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2
+    )
     resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention="agent", channels=(8, 16, 32, 64), stem_width=8)
     for model, px, tokens in ((vit, 32, 17), (vit, 64, 65), (resnet, 64, 32 * 32)):
         model.zero_grad()
@@ -182,10 +196,12 @@ def test_clipped_agents_resize_the_agent_axis_of_the_biases():
 
 def test_at_twice_the_resolution_in_both_backbones_with_the_biases():
     """2x2 agents: the doubled grid resizes the bias tables, the reference resizes them as the official 7x7 ones."""
+
     def reference(layer, q, k, v):
         grid, prefix = layer.token_grid, layer.num_prefix_tokens
         a = ref_agents(q, (2, 2), grid, prefix)
         query_bias, agent_bias = ref_biases(layer, grid)
         agent_v = softmax_ref(a, k, v, mask=agent_bias)[0]
         return softmax_ref(q, a, agent_v, mask=query_bias)[0] + dwc_ref(v, layer.dwc, grid, prefix)
+
     check_double_resolution({"name": "agent", "num_agents": 4}, reference)

@@ -1,12 +1,18 @@
 """focused_linear (FLatten) against a float64 transcription of the official FocusedLinearAttention: focusing
 norms over the whole token, +1e-6 after the ReLU, the learned key position encoding, the mean-based denominator."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attention_reference import dwc_ref, module_out, module_qkv, single_thread  # noqa: F401
-from mech_checks import (assert_one_line_error, build, check_double_resolution, check_onnx_at_another_size,
-                         gradcheck_module)
+from mech_checks import (
+    assert_one_line_error,
+    build,
+    check_double_resolution,
+    check_onnx_at_another_size,
+    gradcheck_module,
+)
 from vitzoo.attention import build_attention
 from vitzoo.attention.focused_linear import focus
 
@@ -20,9 +26,9 @@ def pos_ref(layer, n):
     grid = layer.current_grid(n)
     if n == built.tokens and tuple(grid) == (built.h, built.w):
         return weight
-    rows = weight[built.prefix:].T.reshape(1, -1, built.h, built.w)
+    rows = weight[built.prefix :].T.reshape(1, -1, built.h, built.w)
     rows = F.interpolate(rows, size=tuple(grid), mode="bilinear", align_corners=False)
-    return torch.cat([weight[:built.prefix], rows.reshape(weight.shape[1], -1).T])
+    return torch.cat([weight[: built.prefix], rows.reshape(weight.shape[1], -1).T])
 
 
 def flatten_ref(layer, q, k, v):
@@ -39,12 +45,12 @@ def flatten_ref(layer, q, k, v):
         t = (t.clamp(min=0) + 1e-6) / scale
         if layer.phi.norm == "head":
             t = t.reshape(B, N, H, D)
-        t = t.norm(dim=-1, keepdim=True) * t ** p / (t ** p).norm(dim=-1, keepdim=True)
+        t = t.norm(dim=-1, keepdim=True) * t**p / (t**p).norm(dim=-1, keepdim=True)
         feats.append(t.reshape(B, N, H, D).transpose(1, 2))
     fq, fk = feats
     v64 = v.double()
     z = 1 / (fq @ fk.mean(dim=-2, keepdim=True).transpose(-2, -1) + layer.eps)
-    out = fq @ ((fk.transpose(-2, -1) * N ** -0.5) @ (v64 * N ** -0.5)) * z
+    out = fq @ ((fk.transpose(-2, -1) * N**-0.5) @ (v64 * N**-0.5)) * z
     return out + dwc_ref(v, layer.dwc, layer.current_grid(N), layer.num_prefix_tokens)
 
 
@@ -58,21 +64,28 @@ def randomised(attn):
 
 
 def check(attn, x):
-    torch.testing.assert_close(attn(x), module_out(attn, flatten_ref(attn, *module_qkv(attn, x))), rtol=1e-10,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        attn(x), module_out(attn, flatten_ref(attn, *module_qkv(attn, x))), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("heads", [{"heads": "split"}, {"heads": "projected", "head_dim": 5}])
 @pytest.mark.parametrize("num_heads", [1, 2, 4])
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_module_is_the_official_formula(heads, num_heads, prefix):
-    attn = randomised(build({"name": "focused_linear", **heads}, num_heads=num_heads, tokens=prefix + 16,
-                            prefix=prefix, qkv_bias=True)).double()
+    attn = randomised(
+        build(
+            {"name": "focused_linear", **heads}, num_heads=num_heads, tokens=prefix + 16, prefix=prefix, qkv_bias=True
+        )
+    ).double()
     check(attn, torch.randn(2, prefix + 16, 16, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("spec", [{"kernel_size": 0}, {"pos_embed": False}, {"focus_norm": "head"},
-                                  {"power": 2.0, "eps": 1e-3}], ids=["no-conv", "no-pos", "head-norm", "p2-eps"])
+@pytest.mark.parametrize(
+    "spec",
+    [{"kernel_size": 0}, {"pos_embed": False}, {"focus_norm": "head"}, {"power": 2.0, "eps": 1e-3}],
+    ids=["no-conv", "no-pos", "head-norm", "p2-eps"],
+)
 def test_each_option_is_the_formula(spec):
     attn = randomised(build({"name": "focused_linear", **spec}, num_heads=4, tokens=17, prefix=1)).double()
     check(attn, torch.randn(2, 17, 16, dtype=torch.float64))
@@ -82,8 +95,10 @@ def test_the_norm_over_the_token_weights_keys_unlike_the_norm_per_head():
     """FLatten's norm and the per-head one differ by far more than rounding with several heads, agree with one."""
     x = torch.randn(2, 16, 16, dtype=torch.float64)
     for num_heads, differ in ((1, False), (4, True)):
-        token, head = (randomised(build({"name": "focused_linear", "focus_norm": norm}, num_heads=num_heads))
-                       .double() for norm in ("token", "head"))
+        token, head = (
+            randomised(build({"name": "focused_linear", "focus_norm": norm}, num_heads=num_heads)).double()
+            for norm in ("token", "head")
+        )
         gap = (token(x) - head(x)).abs().max().item()
         assert (gap > 1e-3) == differ, gap
 
@@ -97,8 +112,11 @@ def test_focus_keeps_the_norm_and_sharpens_the_direction():
 
 
 def test_gradcheck():
-    attn = randomised(build({"name": "focused_linear", "heads": "projected", "head_dim": 3, "kernel_size": 3},
-                            dim=8, tokens=5, prefix=1)).double()
+    attn = randomised(
+        build(
+            {"name": "focused_linear", "heads": "projected", "head_dim": 3, "kernel_size": 3}, dim=8, tokens=5, prefix=1
+        )
+    ).double()
     assert gradcheck_module(attn, torch.randn(1, 5, 8, dtype=torch.float64).abs())
 
 
@@ -118,8 +136,16 @@ def test_fused_path_equals_eager_with_gradients():
 
 def test_the_conv_follows_the_grid_and_leaves_prefix_tokens_alone():
     torch.manual_seed(0)
-    attn = randomised(build_attention({"name": "focused_linear", "impl": "eager"}, 16, num_heads=2, num_tokens=13,
-                                      num_prefix_tokens=1, grid_size=(3, 4)))  # non-square: h, w not swapped
+    attn = randomised(
+        build_attention(
+            {"name": "focused_linear", "impl": "eager"},
+            16,
+            num_heads=2,
+            num_tokens=13,
+            num_prefix_tokens=1,
+            grid_size=(3, 4),
+        )
+    )  # non-square: h, w not swapped
     attn.token_grid = (3, 4)
     check(attn.double(), torch.randn(2, 13, 16, dtype=torch.float64))
 
@@ -137,16 +163,19 @@ def test_legacy_onnx_export_at_another_size_keeps_the_position_encoding():
     check_onnx_at_another_size("focused_linear", randomised)
 
 
-@pytest.mark.parametrize("spec, kwargs, fix", [
-    ({"name": "focused_linear", "feature_map": "elu"}, {}, "drop feature_map"),
-    ({"name": "focused_linear", "power": 0}, {}, "power must be > 0"),
-    ({"name": "focused_linear", "focus_norm": "channel"}, {}, "focus_norm"),
-    ({"name": "focused_linear", "pos_embed": "yes"}, {}, "true or false"),
-    ({"name": "focused_linear", "kernel_size": 4}, {}, "odd"),
-    ({"name": "focused_linear", "causal": True}, {}, "drop causal"),
-    ({"name": "focused_linear", "scale": "log_n"}, {}, "no option"),
-    ("focused_linear", dict(attn_drop=0.1), "attn_drop_rate=0"),
-])
+@pytest.mark.parametrize(
+    "spec, kwargs, fix",
+    [
+        ({"name": "focused_linear", "feature_map": "elu"}, {}, "drop feature_map"),
+        ({"name": "focused_linear", "power": 0}, {}, "power must be > 0"),
+        ({"name": "focused_linear", "focus_norm": "channel"}, {}, "focus_norm"),
+        ({"name": "focused_linear", "pos_embed": "yes"}, {}, "true or false"),
+        ({"name": "focused_linear", "kernel_size": 4}, {}, "odd"),
+        ({"name": "focused_linear", "causal": True}, {}, "drop causal"),
+        ({"name": "focused_linear", "scale": "log_n"}, {}, "no option"),
+        ("focused_linear", dict(attn_drop=0.1), "attn_drop_rate=0"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, kwargs, fix):
     assert_one_line_error(spec, fix, 16, 2, **kwargs)
 
@@ -165,8 +194,9 @@ def test_at_twice_the_resolution_in_both_backbones():
 def test_probs_are_the_attention_terms_rows_as_distributions():
     """The implied matrix phi(q_i).phi(k_j) / sum_j' phi(q_i).phi(k_j') (eps's share left out) from the reference's
     features: applied to v it is the output without eps and the conv."""
-    attn = randomised(build({"name": "focused_linear", "kernel_size": 0, "eps": 0.0}, num_heads=4, tokens=17,
-                            prefix=1)).double()
+    attn = randomised(
+        build({"name": "focused_linear", "kernel_size": 0, "eps": 0.0}, num_heads=4, tokens=17, prefix=1)
+    ).double()
     x = torch.randn(2, 17, 16, dtype=torch.float64)
     q, k, v = module_qkv(attn, x)
     p = attn.probs(x, q, k, None, False, torch.arange(17))

@@ -1,5 +1,6 @@
 """Hedgehog's feature map on linear attention: float64 formula, the fused path against eager (values and
 gradients in W and b), initialisation, both backbones at twice the resolution, bad options."""
+
 import pytest
 import torch
 
@@ -96,27 +97,35 @@ def test_initialisation_is_the_identity_at_the_head_dim_else_semi_orthogonal():
         w = HedgehogFeatureMap(8, 2, num_features=m).weight.double()
         small = min(m, 8)
         gram = w.transpose(-2, -1) @ w if m < 8 else w @ w.transpose(-2, -1)
-        torch.testing.assert_close(gram, torch.eye(small, dtype=torch.float64).expand(2, small, small),
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            gram, torch.eye(small, dtype=torch.float64).expand(2, small, small), atol=1e-6, rtol=0
+        )
         assert not torch.allclose(w[0], w[1])  # each head its own directions
 
 
-@pytest.mark.parametrize("options, fix", [
-    ({"num_features": 0}, "num_features must be an integer >= 1"),
-    ({"num_features": 2.5}, "num_features must be an integer >= 1"),
-    ({"features": 8}, "valid options: \\['num_features'\\]"),
-])
+@pytest.mark.parametrize(
+    "options, fix",
+    [
+        ({"num_features": 0}, "num_features must be an integer >= 1"),
+        ({"num_features": 2.5}, "num_features must be an integer >= 1"),
+        ({"features": 8}, "valid options: \\['num_features'\\]"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(options, fix):
     assert_one_line_error({"name": "linear", "feature_map": {"name": "hedgehog", **options}}, fix, 16, 2)
 
 
 def test_at_twice_the_resolution_in_both_backbones():
-    check_double_resolution(spec(8, eps=0.0),
-                            lambda layer, q, k, v: hedgehog_ref(q, k, v, layer.phi.weight, layer.phi.bias)[0])
+    check_double_resolution(
+        spec(8, eps=0.0), lambda layer, q, k, v: hedgehog_ref(q, k, v, layer.phi.weight, layer.phi.bias)[0]
+    )
 
 
-@pytest.mark.parametrize("attention", [spec(8), {"name": "performer", "num_features": 8}, {"name": "focused_linear"}],
-                         ids=["hedgehog", "performer", "focused_linear"])
+@pytest.mark.parametrize(
+    "attention",
+    [spec(8), {"name": "performer", "num_features": 8}, {"name": "focused_linear"}],
+    ids=["hedgehog", "performer", "focused_linear"],
+)
 @pytest.mark.parametrize("impl", ["auto", "eager"])
 def test_precomputed_features_under_bf16_autocast(attention, impl):
     """Features in fp32, v in bf16 (bf16-mixed training): the fused path and eager run, give v's dtype, and stay

@@ -1,4 +1,5 @@
 """hydra: channel-wise cosine attention against an explicit float64 n x n matrix per channel."""
+
 import pytest
 import torch
 
@@ -74,8 +75,7 @@ def test_rescale_divides_the_shared_sum_by_the_token_ratio():
     torch.testing.assert_close(scaled(x), plain(x), rtol=0, atol=0)  # training size: the very same numbers
     wide = torch.randn(2, 36, 16, dtype=torch.float64)
     q, k, v = module_qkv(scaled, wide)
-    torch.testing.assert_close(scaled(wide), module_out(scaled, hydra_ref(q, k, v) * 16 / 36), rtol=1e-10,
-                               atol=1e-12)
+    torch.testing.assert_close(scaled(wide), module_out(scaled, hydra_ref(q, k, v) * 16 / 36), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(scaled(x.repeat_interleave(2, dim=1))[:, ::2], scaled(x), rtol=1e-10, atol=1e-12)
     assert build({"name": "hydra", "rescale": True, "train_tokens": 32}, tokens=16).train_tokens == 32
 
@@ -85,12 +85,15 @@ def test_gradcheck():
     assert gradcheck_module(attn, torch.randn(1, 4, 8, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("spec, kwargs, fix", [
-    ({"name": "hydra", "scale": "log_n"}, {}, "no option"),
-    ({"name": "hydra", "feature_map": "elu"}, {}, "no option"),
-    ("hydra", dict(attn_drop=0.1), "attn_drop_rate=0"),
-    ({"name": "hydra", "rescale": "yes"}, {}, "give true or false"),
-])
+@pytest.mark.parametrize(
+    "spec, kwargs, fix",
+    [
+        ({"name": "hydra", "scale": "log_n"}, {}, "no option"),
+        ({"name": "hydra", "feature_map": "elu"}, {}, "no option"),
+        ("hydra", dict(attn_drop=0.1), "attn_drop_rate=0"),
+        ({"name": "hydra", "rescale": "yes"}, {}, "give true or false"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, kwargs, fix):
     assert_one_line_error(spec, fix, 16, 2, **kwargs)
 

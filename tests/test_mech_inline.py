@@ -1,5 +1,6 @@
 """inline (InLine): injective weights 1/n + tau/n (q.k_j - q.kbar) and the dynamic 3x3 local residual against
 float64 formulas."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,7 @@ def grouped_1x1(conv, x):
     """A grouped 1x1 Conv1d on (B, C_in) written out: group g's outputs from group g's inputs."""
     w, b, groups = conv.weight.double()[..., 0], conv.bias.double(), conv.groups
     ins, outs = w.shape[1], w.shape[0] // groups
-    parts = [x[:, g * ins:(g + 1) * ins] @ w[g * outs:(g + 1) * outs].T for g in range(groups)]
+    parts = [x[:, g * ins : (g + 1) * ins] @ w[g * outs : (g + 1) * outs].T for g in range(groups)]
     return torch.cat(parts, dim=-1) + b
 
 
@@ -34,8 +35,17 @@ def residual_ref(layer, x, v):
     B, H, N, D = v.shape
     kernels = kernels.reshape(B, H * D, 1, 3, 3)
     zero = torch.zeros(H * D, dtype=torch.float64)
-    return torch.cat([dwc_ref(v[b:b + 1], SimpleNamespace(weight=kernels[b], bias=zero),
-                              layer.current_grid(N), layer.num_prefix_tokens) for b in range(B)])
+    return torch.cat(
+        [
+            dwc_ref(
+                v[b : b + 1],
+                SimpleNamespace(weight=kernels[b], bias=zero),
+                layer.current_grid(N),
+                layer.num_prefix_tokens,
+            )
+            for b in range(B)
+        ]
+    )
 
 
 def reference(layer, x):
@@ -67,8 +77,10 @@ def test_rows_sum_to_one_and_probs_are_the_weights_shares():
     with torch.no_grad():  # constant values come back unchanged: the weights have no denominator to miss
         layer.in_proj.proj.weight[32:].zero_()
         layer.in_proj.proj.weight[32:, 0] = 1.0
-    torch.testing.assert_close(layer(torch.ones(2, 17, 16, dtype=torch.float64)),
-                               module_out(layer, torch.ones(2, 2, 17, 8, dtype=torch.float64)))
+    torch.testing.assert_close(
+        layer(torch.ones(2, 17, 16, dtype=torch.float64)),
+        module_out(layer, torch.ones(2, 2, 17, 8, dtype=torch.float64)),
+    )
 
 
 def test_noise_weights_every_mean_and_keeps_rows_summing_to_one():
@@ -94,10 +106,13 @@ def test_gradcheck():
     assert gradcheck_module(layer, torch.randn(1, 5, 8, dtype=torch.float64), fast_mode=True)
 
 
-@pytest.mark.parametrize("spec, kwargs, fix", [
-    ({"name": "inline", "heads": "projected", "head_dim": 4}, dict(num_heads=3), "must divide dim"),
-    ({"name": "inline", "impl": "cuda"}, {}, "impl"),
-])
+@pytest.mark.parametrize(
+    "spec, kwargs, fix",
+    [
+        ({"name": "inline", "heads": "projected", "head_dim": 4}, dict(num_heads=3), "must divide dim"),
+        ({"name": "inline", "impl": "cuda"}, {}, "impl"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, kwargs, fix):
     assert_one_line_error(spec, fix, 16, kwargs.pop("num_heads", 2), **kwargs)
 

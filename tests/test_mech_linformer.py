@@ -1,4 +1,5 @@
 """Linformer against a float64 reference written from the formula (docs/mechanisms.md, section 9)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,8 +17,15 @@ N = PREFIX + GRID[0] * GRID[1]
 
 def build(grid=GRID, seed=0, **options):
     torch.manual_seed(seed)
-    return build_attention({"name": "linformer", "proj_len": K, **options}, DIM, num_heads=HEADS, qkv_bias=True,
-                           num_tokens=PREFIX + grid[0] * grid[1], num_prefix_tokens=PREFIX, grid_size=grid).double()
+    return build_attention(
+        {"name": "linformer", "proj_len": K, **options},
+        DIM,
+        num_heads=HEADS,
+        qkv_bias=True,
+        num_tokens=PREFIX + grid[0] * grid[1],
+        num_prefix_tokens=PREFIX,
+        grid_size=grid,
+    ).double()
 
 
 # -- float64 reference -------------------------------------------------------------------------------
@@ -80,17 +88,22 @@ def test_interpolation_at_twice_the_grid():
     x = torch.randn(2, PREFIX + big[0] * big[1], DIM, dtype=torch.float64)
     e, f = (ref_resized(w, GRID, big) for w in weights(m))
     torch.testing.assert_close(m(x), ref_module(m, x, e, f)[0], rtol=1e-10, atol=1e-10)
+
     # mass kept: F applied to values constant over the grid (any prefix value) is the same at both grids
     def flat(grid):
         return torch.cat([torch.tensor([7.0]), torch.ones(grid[0] * grid[1])]).double()
+
     torch.testing.assert_close(m.f(m.built_layout) @ flat(GRID), f @ flat(big), rtol=1e-12, atol=1e-12)
 
 
 def test_interpolate_false_refuses_another_grid():
     m = build(interpolate=False)
     m.token_grid = (6, 8)
-    with pytest.raises(ValueError, match=r"built for 13 tokens.*got 49; set interpolate: true to resample its "
-                                         r"projections E, F"):
+    with pytest.raises(
+        ValueError,
+        match=r"built for 13 tokens.*got 49; set interpolate: true to resample its "
+        r"projections E, F",
+    ):
         m(torch.randn(1, 49, DIM, dtype=torch.float64))
     m.token_grid = (4, 3)  # the same count, transposed
     with pytest.raises(ValueError, match=r"built for 1 prefix \+ 3x4 grid but got 1 prefix \+ 4x3 grid"):
@@ -104,8 +117,9 @@ def test_state_dict_from_another_grid_is_resampled_on_load():
     small = vitzoo.create_model("vit_tiny", img_size=32, **kw).eval()
     big = vitzoo.create_model("vit_tiny", img_size=64, **kw).eval()
     state = small.state_dict()
-    state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=(8, 8), old_size=(4, 4),
-                                                num_prefix_tokens=1)
+    state["pos_embed"] = resample_abs_pos_embed(
+        state["pos_embed"], new_size=(8, 8), old_size=(4, 4), num_prefix_tokens=1
+    )
     big.load_state_dict(state)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():

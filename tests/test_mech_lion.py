@@ -1,5 +1,6 @@
 """lion (LION-Lit, -D, -S): the decay masks written as products of gates, the quadratic masked form, and the chunked
 scans against it (values and gradients); exporters carry the multi-chunk scan."""
+
 import io
 
 import pytest
@@ -16,7 +17,7 @@ def gates_ref(layer, x):
     """lambda_t = 1 - sigmoid(w_h.x_t + b_h) per (batch, head, token), prefix gates 1 (selective)."""
     z = x.double() @ layer.gate.weight.double().T + layer.gate.bias.double()
     lam = (1 - torch.sigmoid(z)).transpose(1, 2).clone()
-    lam[..., :layer.num_prefix_tokens] = 1.0
+    lam[..., : layer.num_prefix_tokens] = 1.0
     return lam
 
 
@@ -63,16 +64,18 @@ DECAYS = ["none", "fixed", "selective"]
 @pytest.mark.parametrize("prefix", [0, 1])
 @pytest.mark.parametrize("chunk", [3, 64])  # several chunks with a ragged last one, and one chunk
 def test_module_is_the_float64_formula(decay, prefix, chunk):
-    layer = build({"name": "lion", "decay": decay, "chunk": chunk}, tokens=prefix + 16, prefix=prefix,
-                  qkv_bias=True).double()
+    layer = build(
+        {"name": "lion", "decay": decay, "chunk": chunk}, tokens=prefix + 16, prefix=prefix, qkv_bias=True
+    ).double()
     if layer.gate is not None:
         torch.nn.init.normal_(layer.gate.weight)  # spread gates, so the test sees them
     x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
     torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
     index = torch.tensor([0, 6, prefix + 15])
     q, k, _ = module_qkv(layer, x)
-    torch.testing.assert_close(layer.probs(x, *layer.project(x)[:2], None, False, index),
-                               weights_ref(layer, x, q, k)[:, :, index])
+    torch.testing.assert_close(
+        layer.probs(x, *layer.project(x)[:2], None, False, index), weights_ref(layer, x, q, k)[:, :, index]
+    )
 
 
 def test_the_masks_match_the_decay_each_names():
@@ -128,8 +131,16 @@ def test_exporters_carry_the_multi_chunk_scan(decay):
     import vitzoo
 
     torch.manual_seed(0)
-    model = vitzoo.create_model("vit_tiny", attention={"name": "lion", "decay": decay, "chunk": 4}, img_size=32,
-                                patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3).eval()
+    model = vitzoo.create_model(
+        "vit_tiny",
+        attention={"name": "lion", "decay": decay, "chunk": 4},
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        num_classes=3,
+    ).eval()
     x, other = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x), rtol=1e-4, atol=1e-5)
@@ -139,11 +150,14 @@ def test_exporters_carry_the_multi_chunk_scan(decay):
         torch.testing.assert_close(torch.from_numpy(got), model(other), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec, fix", [
-    ({"name": "lion", "decay": "rnn"}, "none"),
-    ({"name": "lion", "chunk": 0}, "positive"),
-    ({"name": "lion", "impl": "cuda"}, "impl"),
-])
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ({"name": "lion", "decay": "rnn"}, "none"),
+        ({"name": "lion", "chunk": 0}, "positive"),
+        ({"name": "lion", "impl": "cuda"}, "impl"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, fix):
     assert_one_line_error(spec, fix, 16, 2)
 

@@ -1,5 +1,6 @@
 """mlla (MLLA's attention): elu+1 features, MLLA's channel-wide RoPE as complex rotations, the unrotated normaliser
 and LePE against float64 formulas."""
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -67,10 +68,13 @@ def test_gradcheck():
     assert gradcheck_module(layer, torch.randn(1, 5, 8, dtype=torch.float64), fast_mode=True)
 
 
-@pytest.mark.parametrize("spec, fix", [
-    ({"name": "mlla", "heads": "projected", "head_dim": 3}, "must be even"),
-    ({"name": "mlla", "kernel_size": 2}, "odd"),
-])
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ({"name": "mlla", "heads": "projected", "head_dim": 3}, "must be even"),
+        ({"name": "mlla", "kernel_size": 2}, "odd"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, fix):
     assert_one_line_error(spec, fix, 16, 2)
 
@@ -83,6 +87,7 @@ def test_at_one_and_a_half_and_twice_the_resolution_in_both_backbones():
 def block_reference(block, x):
     """The block from its formula in float64: CPE1, the gated attention branch, CPE2, the MLP; the 3x3 convs over
     grid tokens only (prefix tokens get no CPE term and skip DWConv); norms, MLP and the attention as modules."""
+
     def conv(c, t):
         return dwc_ref(t.unsqueeze(1), c, block.attn.current_grid(t.shape[1]), block.attn.num_prefix_tokens)[:, 0]
 
@@ -102,8 +107,18 @@ def block_reference(block, x):
 
 def mlla_block_vit(attention="mlla", **kwargs):
     torch.manual_seed(0)
-    return vitzoo.create_model("vit_tiny", attention=attention, block="mlla", img_size=32, patch_size=8, embed_dim=32,
-                               depth=2, num_heads=2, num_classes=3, **kwargs)
+    return vitzoo.create_model(
+        "vit_tiny",
+        attention=attention,
+        block="mlla",
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("px", [32, 48])

@@ -1,4 +1,5 @@
 """Nyström attention against a float64 reference written from the formula (docs/mechanisms.md, section 8)."""
+
 import itertools
 import math
 
@@ -60,7 +61,7 @@ def ref_nystrom(q, k, v, m, iterations=6, scale=None, landmark_scale=None, noise
     if conv is not None:
         r, n = conv.shape[-1] // 2, v.shape[-2]
         vp = F.pad(v, (0, 0, r, r))
-        out = out + sum(conv[:, t, None, None] * vp[..., t:t + n, :] for t in range(conv.shape[-1]))
+        out = out + sum(conv[:, t, None, None] * vp[..., t : t + n, :] for t in range(conv.shape[-1]))
     return out, attn
 
 
@@ -78,8 +79,15 @@ def test_iterative_pinv_converges_to_the_moore_penrose_inverse():
     torch.testing.assert_close(iterative_pinv(a, 30), torch.linalg.pinv(a), rtol=1e-8, atol=1e-8)
 
 
-@pytest.mark.parametrize("options", [{"num_landmarks": 4}, {"num_landmarks": 4, "conv_kernel": 3},
-                                     {"num_landmarks": 5, "heads": "projected", "head_dim": 4}], ids=str)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_landmarks": 4},
+        {"num_landmarks": 4, "conv_kernel": 3},
+        {"num_landmarks": 5, "heads": "projected", "head_dim": 4},
+    ],
+    ids=str,
+)
 def test_module_matches_the_reference(options):
     m = build(**options)
     x = torch.randn(2, N, DIM, dtype=torch.float64)

@@ -1,4 +1,5 @@
 """performer (FAVOR+): float64 formula for a given W, stabilisers, the softmax limit as m grows, redraws."""
+
 import math
 
 import pytest
@@ -34,7 +35,9 @@ def test_orthogonal_gaussian_rows_are_orthogonal_in_blocks_of_d():
         torch.testing.assert_close(gram, torch.diag(gram.diagonal()), atol=1e-5, rtol=0)
     norms = w.norm(dim=1)
     assert norms.std() > 0.1  # Gaussian row lengths (chi with d dof), not unit rows
-    assert not torch.allclose(w[:8] @ w[8:16].T, torch.zeros(8, 8, dtype=torch.float64), atol=1e-2)  # blocks are independent
+    assert not torch.allclose(
+        w[:8] @ w[8:16].T, torch.zeros(8, 8, dtype=torch.float64), atol=1e-2
+    )  # blocks are independent
 
 
 @pytest.mark.parametrize("heads", [{"heads": "split"}, {"heads": "projected", "head_dim": 5}])
@@ -70,8 +73,9 @@ def test_output_approaches_softmax_attention_as_m_grows():
 
 
 def test_gradcheck():
-    attn = build({"name": "performer", "num_features": 8, "heads": "projected", "head_dim": 3}, dim=8,
-                 tokens=4).double()
+    attn = build(
+        {"name": "performer", "num_features": 8, "heads": "projected", "head_dim": 3}, dim=8, tokens=4
+    ).double()
     assert gradcheck_module(attn, torch.randn(1, 4, 8, dtype=torch.float64))
 
 
@@ -117,13 +121,16 @@ def test_linear_with_the_performer_feature_map_is_the_mechanism():
     torch.testing.assert_close(build(spec)(x), build(fmap)(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("spec, fix", [
-    ({"name": "performer", "feature_map": "elu"}, "drop feature_map"),
-    ({"name": "performer", "num_features": 0}, "num_features must be >= 1"),
-    ({"name": "performer", "redraw_interval": -1}, "0 = never"),
-    ({"name": "performer", "scale": "log_n"}, "train_tokens"),
-    ({"name": "linear", "feature_map": {"name": "performer", "features": 8}}, "num_features"),
-])
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ({"name": "performer", "feature_map": "elu"}, "drop feature_map"),
+        ({"name": "performer", "num_features": 0}, "num_features must be >= 1"),
+        ({"name": "performer", "redraw_interval": -1}, "0 = never"),
+        ({"name": "performer", "scale": "log_n"}, "train_tokens"),
+        ({"name": "linear", "feature_map": {"name": "performer", "features": 8}}, "num_features"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, fix):
     with pytest.raises(ValueError, match=fix) as err:
         build_attention(spec, 16, num_heads=2)
@@ -131,5 +138,7 @@ def test_bad_options_are_one_line_naming_the_fix(spec, fix):
 
 
 def test_at_twice_the_resolution_in_both_backbones():
-    check_double_resolution({"name": "performer", "num_features": 16, "eps": 0.0},
-                            lambda layer, q, k, v: performer_ref(q, k, v, layer.phi.weight)[0])
+    check_double_resolution(
+        {"name": "performer", "num_features": 16, "eps": 0.0},
+        lambda layer, q, k, v: performer_ref(q, k, v, layer.phi.weight)[0],
+    )

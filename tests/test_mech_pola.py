@@ -1,5 +1,6 @@
 """pola (PolaFormer): polarity streams, learnable power and scale, key positions, shared DWC and the linear gate
 against float64 formulas."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -37,12 +38,18 @@ def reference(layer, x, eps=1e-6):
     q, k, v = module_qkv(layer, x)
     same, opposite = streams_ref(layer, q, k)
     n, half = k.shape[-2], v.shape[-1] // 2
-    out = torch.cat([same / (same.sum(-1, keepdim=True) + n * eps) @ v[..., :half],
-                     opposite / (opposite.sum(-1, keepdim=True) + n * eps) @ v[..., half:]], dim=-1)
+    out = torch.cat(
+        [
+            same / (same.sum(-1, keepdim=True) + n * eps) @ v[..., :half],
+            opposite / (opposite.sum(-1, keepdim=True) + n * eps) @ v[..., half:],
+        ],
+        dim=-1,
+    )
     if layer.dwc is not None:
         B, H, N, D = v.shape
-        out = out + dwc_ref(v.reshape(B * H, 1, N, D), layer.dwc, layer.current_grid(N),
-                            layer.num_prefix_tokens).reshape(B, H, N, D)
+        out = out + dwc_ref(
+            v.reshape(B * H, 1, N, D), layer.dwc, layer.current_grid(N), layer.num_prefix_tokens
+        ).reshape(B, H, N, D)
     return gated_out(layer, x, out)
 
 
@@ -105,12 +112,15 @@ def test_key_positions_are_resampled_or_refused_at_another_grid():
     torch.testing.assert_close(bigger.key_positions.weight[:, :1], state["key_positions.weight"][:, :1])
 
 
-@pytest.mark.parametrize("spec, fix", [
-    ({"name": "pola", "head_dim": 5, "heads": "projected"}, "must be even"),
-    ({"name": "pola", "alpha": 0}, "alpha"),
-    ({"name": "pola", "kernel_size": 4}, "odd"),
-    ({"name": "pola", "impl": "cuda"}, "impl"),
-])
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ({"name": "pola", "head_dim": 5, "heads": "projected"}, "must be even"),
+        ({"name": "pola", "alpha": 0}, "alpha"),
+        ({"name": "pola", "kernel_size": 4}, "odd"),
+        ({"name": "pola", "impl": "cuda"}, "impl"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, fix):
     assert_one_line_error(spec, fix, 16, 2, num_tokens=16)
 

@@ -1,5 +1,6 @@
 """rala (RALA): query-aware key weights, RALA's per-head RoPE as complex rotations, the unrotated normaliser, LePE
 and the linear gate against float64 formulas."""
+
 import pytest
 import torch
 
@@ -59,10 +60,13 @@ def test_gradcheck():
     assert gradcheck_module(layer, torch.randn(1, 5, 8, dtype=torch.float64), fast_mode=True)
 
 
-@pytest.mark.parametrize("spec, fix", [
-    ({"name": "rala", "heads": "projected", "head_dim": 6}, "multiple of 4"),
-    ({"name": "rala", "kernel_size": 4}, "odd"),
-])
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ({"name": "rala", "heads": "projected", "head_dim": 6}, "multiple of 4"),
+        ({"name": "rala", "kernel_size": 4}, "odd"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(spec, fix):
     assert_one_line_error(spec, fix, 16, 2)
 

@@ -1,4 +1,5 @@
 """Window attention against softmax over Swin's partition (pad, cyclic shift, region mask), float64."""
+
 import math
 
 import pytest
@@ -17,8 +18,15 @@ DIM, HEADS, GRID = 8, 2, (5, 7)  # non-square, divisible by neither window side
 
 def build(spec, grid=GRID, prefix=1, shifted=False, seed=0):
     torch.manual_seed(seed)
-    m = build_attention({"name": "window", **spec}, DIM, num_heads=HEADS, qkv_bias=True,
-                        num_tokens=prefix + grid[0] * grid[1], num_prefix_tokens=prefix, grid_size=grid).double()
+    m = build_attention(
+        {"name": "window", **spec},
+        DIM,
+        num_heads=HEADS,
+        qkv_bias=True,
+        num_tokens=prefix + grid[0] * grid[1],
+        num_prefix_tokens=prefix,
+        grid_size=grid,
+    ).double()
     m.token_grid, m.block_index = grid, int(shifted)
     return m
 
@@ -138,13 +146,16 @@ def test_gradcheck():
     assert gradcheck_module(m, x)
 
 
-@pytest.mark.parametrize("option, fix", [
-    ({"window_size": 0}, "window_size must be a positive integer"),
-    ({"window_size": 2.5}, "window_size must be a positive integer"),
-    ({"scale": "log"}, "log_n"),
-    ({"rel_pos": "yes"}, "true or false"),
-    ({"scale": "log_n", "grid_size": None}, "inside a vitzoo model or pass grid_size"),
-])
+@pytest.mark.parametrize(
+    "option, fix",
+    [
+        ({"window_size": 0}, "window_size must be a positive integer"),
+        ({"window_size": 2.5}, "window_size must be a positive integer"),
+        ({"scale": "log"}, "log_n"),
+        ({"rel_pos": "yes"}, "true or false"),
+        ({"scale": "log_n", "grid_size": None}, "inside a vitzoo model or pass grid_size"),
+    ],
+)
 def test_bad_options_are_one_line_naming_the_fix(option, fix):
     option = dict(option)
     grid = option.pop("grid_size", (4, 4))
@@ -154,8 +165,15 @@ def test_bad_options_are_one_line_naming_the_fix(option, fix):
 def test_double_resolution_in_both_backbones():
     """vit: 4x4 grid at 32 px, 8x8 at 64 px; 3x3 windows, block 1 shifted (windows 1, 3, 3, 1 per axis)."""
     torch.manual_seed(0)
-    vit = vitzoo.create_model("vit_tiny", attention={"name": "window", "window_size": 3}, img_size=32, patch_size=8,
-                              embed_dim=32, depth=2, num_heads=2)
+    vit = vitzoo.create_model(
+        "vit_tiny",
+        attention={"name": "window", "window_size": 3},
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+    )
     resnet = vitzoo.create_model("nonlocal_resnet18_cifar", attention="window", channels=(8, 16, 32, 64), stem_width=8)
     assert [m.shifted for m in vit.modules() if isinstance(m, WindowAttention)] == [False, True]
     expected = {32: ({9 + 1, 3 + 1, 1 + 1}, {9 + 1, 3 + 1, 1 + 1}), 64: ({9 + 1, 6 + 1, 4 + 1}, {9 + 1, 3 + 1, 1 + 1})}

@@ -1,5 +1,6 @@
 """Backbones: every architecture x mechanism trains a step at two resolutions; the non-local block,
 features, timm registration and bad input."""
+
 import copy
 
 import pytest
@@ -68,11 +69,16 @@ def test_timm_create_model_reaches_the_zoo(arch):
 
 
 def test_attention_options_reach_every_layer():
-    model = vitzoo.create_model("vit_small", attention=spec("linear", feature_map="relu", heads="projected", head_dim=5),
-                                **{**small("vit_small"), "depth": 2})
+    model = vitzoo.create_model(
+        "vit_small",
+        attention=spec("linear", feature_map="relu", heads="projected", head_dim=5),
+        **{**small("vit_small"), "depth": 2},
+    )
     layers = [b.attn for b in model.blocks]
     assert len(layers) == 2 and all(isinstance(m, LinearAttention) for m in layers)
-    assert all(m.phi.fused_map == "relu" and m.heads == "projected" and m.head_dim == 5 and m.num_heads == 6 for m in layers)
+    assert all(
+        m.phi.fused_map == "relu" and m.heads == "projected" and m.head_dim == 5 and m.num_heads == 6 for m in layers
+    )
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
     default = vitzoo.create_model("vit_tiny", **small("vit_tiny"))
     assert isinstance(default.blocks[0].attn, SoftmaxAttention)
@@ -133,7 +139,9 @@ def test_nonlocal_resnet_at_init_equals_the_plain_resnet(arch):
 
 
 def test_nonlocal_placement_options():
-    model = vitzoo.create_model("nonlocal_resnet50", nonlocal_stages=(1, 3), nonlocal_per_stage=2, **small("nonlocal_resnet50"))
+    model = vitzoo.create_model(
+        "nonlocal_resnet50", nonlocal_stages=(1, 3), nonlocal_per_stage=2, **small("nonlocal_resnet50")
+    )
     for stage, blocks, width in ((1, 3, 32), (3, 6, 128)):
         layer = getattr(model, f"layer{stage}")
         nl = [i for i, m in enumerate(layer) if isinstance(m, NonLocalBlock)]
@@ -207,12 +215,21 @@ def test_model_level_bad_options_name_the_fix():
 
 
 @pytest.mark.parametrize("img_size", [100, 37])
-@pytest.mark.parametrize("attention", [{"name": "synth_random", "interpolate": False},
-                                       {"name": "softmax", "scale": "log_n"}], ids=["synth_fixed_grid", "log_n"])
+@pytest.mark.parametrize(
+    "attention",
+    [{"name": "synth_random", "interpolate": False}, {"name": "softmax", "scale": "log_n"}],
+    ids=["synth_fixed_grid", "log_n"],
+)
 def test_nonlocal_blocks_are_built_for_the_real_feature_map(img_size, attention):
     """Odd sizes: timm's stride-2 layers round up, so the grid a block is built for must too."""
-    model = vitzoo.create_model("nonlocal_resnet18", attention=attention, img_size=img_size, num_classes=3,
-                                channels=[8, 16, 32, 64], stem_width=8).eval()
+    model = vitzoo.create_model(
+        "nonlocal_resnet18",
+        attention=attention,
+        img_size=img_size,
+        num_classes=3,
+        channels=[8, 16, 32, 64],
+        stem_width=8,
+    ).eval()
     with torch.no_grad():
         model(torch.randn(1, 3, img_size, img_size))  # interpolate: false would refuse a wrong grid
     for block in (m for m in model.modules() if isinstance(m, NonLocalBlock)):
@@ -220,7 +237,7 @@ def test_nonlocal_blocks_are_built_for_the_real_feature_map(img_size, attention)
         built = getattr(block.attn, "built_layout", None)
         assert built is None or (built.h, built.w) == block.attn.token_grid
         if attention["name"] == "softmax":
-            assert block.attn.logit_scale(n) == pytest.approx(block.attn.head_dim ** -0.5)
+            assert block.attn.logit_scale(n) == pytest.approx(block.attn.head_dim**-0.5)
 
 
 @pytest.mark.parametrize("name", vitzoo.list_attentions())

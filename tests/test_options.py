@@ -1,5 +1,6 @@
 """The option dataclasses are the one place defaults are written for Python callers; the YAML the command line
 composes spells the same values, and unknown or mistyped options are one line naming the valid ones."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,14 @@ from vitzoo.training.options import MixupOptions, OptimOptions, TransferOptions,
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize("cls, yaml, key", [(OptimOptions, "module/default.yaml", "optim"),
-                                            (MixupOptions, "module/default.yaml", "mixup"),
-                                            (TransferOptions, "experiment/transfer.yaml", "transfer")])
+@pytest.mark.parametrize(
+    "cls, yaml, key",
+    [
+        (OptimOptions, "module/default.yaml", "optim"),
+        (MixupOptions, "module/default.yaml", "mixup"),
+        (TransferOptions, "experiment/transfer.yaml", "transfer"),
+    ],
+)
 def test_the_yaml_defaults_are_the_dataclass_defaults(cls, yaml, key):
     assert OmegaConf.to_container(OmegaConf.load(CONFIGS / yaml)[key]) == dataclasses.asdict(cls())
 
@@ -33,7 +39,14 @@ def test_options_from_takes_instances_mappings_and_none_and_names_bad_keys():
 
 
 def test_the_classifier_stores_plain_complete_options():
-    module = ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, optim=OptimOptions(lr=0.1),
-                             mixup={"cutmix_alpha": 1.0}, model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    module = ImageClassifier(
+        "vit_cifar",
+        "softmax",
+        num_classes=10,
+        img_size=16,
+        optim=OptimOptions(lr=0.1),
+        mixup={"cutmix_alpha": 1.0},
+        model_kwargs=dict(depth=1, embed_dim=32, num_heads=2),
+    )
     assert module.hparams.optim == {**dataclasses.asdict(OptimOptions()), "lr": 0.1}
     assert module.hparams.mixup["cutmix_alpha"] == 1.0 and module.mixup is not None

@@ -1,5 +1,6 @@
 """``pip install vitzoo`` is the library alone (attention, kernels, models, export on torch + timm + safetensors):
 it builds and runs every mechanism without the applications' packages (Lightning, Hydra, albumentations...)."""
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,22 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_MODULES = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "hydra", "omegaconf",
-               "albumentations", "cv2", "tensorboard", "sklearn", "matplotlib", "rich", "segmentation_models_pytorch",
-               "ninja")
+APP_MODULES = (
+    "lightning",
+    "pytorch_lightning",
+    "lightning_fabric",
+    "torchmetrics",
+    "hydra",
+    "omegaconf",
+    "albumentations",
+    "cv2",
+    "tensorboard",
+    "sklearn",
+    "matplotlib",
+    "rich",
+    "segmentation_models_pytorch",
+    "ninja",
+)
 CORE_DEPENDENCIES = ("torch", "torchvision", "timm", "safetensors", "numpy")
 
 # Builds every registered mechanism (and both non-local ResNets), runs a forward, exports one model and loads it
@@ -87,8 +101,15 @@ for line in metadata.requires("vitzoo"):
 
 
 def _run(python: str, code: str, cwd: Path) -> str:
-    done = subprocess.run([python, "-c", code], check=False, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": ""})
+    done = subprocess.run(
+        [python, "-c", code],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -143,8 +164,14 @@ def test_a_fresh_venv_with_the_core_alone_builds_every_mechanism(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = str(venv / "bin" / "python")
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     closure = _closure(CORE_DEPENDENCIES)
     assert not closure & {"lightning", "hydra-core", "omegaconf", "albumentations", "torchmetrics", "matplotlib"}
     for name in closure:
@@ -154,9 +181,13 @@ def test_a_fresh_venv_with_the_core_alone_builds_every_mechanism(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     pip = [sys.executable, "-m", "pip", "--quiet"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp_path, source],
-                   check=True, capture_output=True, timeout=600)
-    wheel, = tmp_path.glob("vitzoo-*.whl")
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp_path, source],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (wheel,) = tmp_path.glob("vitzoo-*.whl")
     subprocess.run([*pip, "--python", python, "install", "--no-index", "--no-deps", wheel], check=True, timeout=600)
     _run(python, MET_REQUIREMENTS, tmp_path)
     frost = {p.name for p in (site / "vitzoo" / "robustness" / "corruptions" / "frost").iterdir()}

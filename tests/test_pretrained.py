@@ -1,4 +1,5 @@
 """init_from: a timm VisionTransformer's weights into any mechanism; timm's logits back with softmax; clear errors."""
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,12 @@ from vitzoo.models import initialise_from
 from vitzoo.training import build_classifier, load_classifier, train
 
 SHAPE = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8)
-VARIANTS = [{}, {"reg_tokens": 2}, {"class_token": False, "global_pool": "avg"},
-            {"no_embed_class": True, "reg_tokens": 1, "init_values": 1e-5, "qk_norm": True}]
+VARIANTS = [
+    {},
+    {"reg_tokens": 2},
+    {"class_token": False, "global_pool": "avg"},
+    {"no_embed_class": True, "reg_tokens": 1, "init_values": 1e-5, "qk_norm": True},
+]
 
 
 def _timm_vit(img_size=32, seed=0, **kwargs) -> VisionTransformer:
@@ -33,8 +38,9 @@ def _timm_vit(img_size=32, seed=0, **kwargs) -> VisionTransformer:
 
 def _zoo_vit(attention="softmax", img_size=32, seed=1, **kwargs):
     torch.manual_seed(seed)
-    return vitzoo.create_model("vit_tiny", attention=attention, img_size=img_size,
-                               **{**SHAPE, "num_classes": 10, **kwargs}).eval()
+    return vitzoo.create_model(
+        "vit_tiny", attention=attention, img_size=img_size, **{**SHAPE, "num_classes": 10, **kwargs}
+    ).eval()
 
 
 def _save(model, path):
@@ -59,8 +65,9 @@ def test_softmax_gives_timms_logits_at_the_checkpoint_size_and_another(variant, 
     path = _save(teacher, tmp_path / f"vit{suffix}")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        same = vitzoo.create_model("vit_tiny", attention="softmax", img_size=32, num_classes=10, init_from=path,
-                                   **SHAPE, **variant).eval()
+        same = vitzoo.create_model(
+            "vit_tiny", attention="softmax", img_size=32, num_classes=10, init_from=path, **SHAPE, **variant
+        ).eval()
         torch.testing.assert_close(same(x), teacher(x), atol=1e-5, rtol=0)
         other = (32, 48)  # a 4x6 grid from the checkpoint's 4x4
         resized = _zoo_vit(img_size=other, init_from=path, **variant)
@@ -87,16 +94,20 @@ def _timm_qkv(block, tokens):
     return qkv.unbind(0)
 
 
-@pytest.mark.parametrize("attention, own", [
-    ("linear", []),
-    ("performer", ["blocks.*.attn.phi.{seed,step,weight}"]),
-    ("focused_linear", ["blocks.*.attn.phi.scale", "blocks.*.attn.pos.{weight,layout}",
-                        "blocks.*.attn.dwc.{weight,bias}"]),
-    ("agent", ["blocks.*.attn.dwc.{weight,bias}",
-               "blocks.*.attn.bias.{an,na,ah,aw,ha,wa,ac,ca,layout}"]),
-    ("linformer", ["blocks.*.attn.e.{weight,layout}", "blocks.*.attn.f.{weight,layout}"]),
-    ("synth_random", ["blocks.*.attn.synth.{weight,layout}"]),
-])
+@pytest.mark.parametrize(
+    "attention, own",
+    [
+        ("linear", []),
+        ("performer", ["blocks.*.attn.phi.{seed,step,weight}"]),
+        (
+            "focused_linear",
+            ["blocks.*.attn.phi.scale", "blocks.*.attn.pos.{weight,layout}", "blocks.*.attn.dwc.{weight,bias}"],
+        ),
+        ("agent", ["blocks.*.attn.dwc.{weight,bias}", "blocks.*.attn.bias.{an,na,ah,aw,ha,wa,ac,ca,layout}"]),
+        ("linformer", ["blocks.*.attn.e.{weight,layout}", "blocks.*.attn.f.{weight,layout}"]),
+        ("synth_random", ["blocks.*.attn.synth.{weight,layout}"]),
+    ],
+)
 def test_a_mechanism_gets_the_shared_tensors_and_keeps_its_own(attention, own, tmp_path, caplog):
     teacher = _timm_vit(reg_tokens=1)
     path = _save(teacher, tmp_path / "vit.safetensors")
@@ -129,8 +140,11 @@ def test_a_mechanism_gets_the_shared_tensors_and_keeps_its_own(attention, own, t
 
 def test_a_width_depth_or_head_mismatch_is_one_error_naming_both(tmp_path):
     path = _save(_timm_vit(), tmp_path / "vit.safetensors")
-    with pytest.raises(ValueError, match=r"checkpoint's ViT has embed_dim=64, depth=2, the model embed_dim=32, "
-                                         r"depth=3; .*\+\+model.kwargs.embed_dim=64 \+\+model.kwargs.depth=2") as err:
+    with pytest.raises(
+        ValueError,
+        match=r"checkpoint's ViT has embed_dim=64, depth=2, the model embed_dim=32, "
+        r"depth=3; .*\+\+model.kwargs.embed_dim=64 \+\+model.kwargs.depth=2",
+    ) as err:
         _zoo_vit(embed_dim=32, depth=3, init_from=path)
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"reg_tokens=0, the model reg_tokens=2"):
@@ -147,8 +161,11 @@ def test_a_width_depth_or_head_mismatch_is_one_error_naming_both(tmp_path):
 def test_a_checkpoint_that_is_not_a_vit_is_one_error(tmp_path):
     resnet = vitzoo.create_model("nonlocal_resnet18_cifar", channels=[16, 32, 64, 128], stem_width=16)
     path = _save(resnet, tmp_path / "resnet.pth")
-    with pytest.raises(ValueError, match=r"is not a timm VisionTransformer state dict \(it has no "
-                                         r"patch_embed.proj.weight.*; its first keys: conv1") as err:
+    with pytest.raises(
+        ValueError,
+        match=r"is not a timm VisionTransformer state dict \(it has no "
+        r"patch_embed.proj.weight.*; its first keys: conv1",
+    ) as err:
         _zoo_vit(init_from=path)
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"timm:resnet18.a1_in1k' is a ResNet, not a ViT"):
@@ -191,8 +208,10 @@ def hub(monkeypatch, tmp_path):
 
     def download(*args, **kwargs):
         if hub.offline:
-            raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub and we "
-                                          "cannot find the requested files in the local cache.\nCheck your connection")
+            raise LocalEntryNotFoundError(
+                "An error happened while trying to locate the file on the Hub and we "
+                "cannot find the requested files in the local cache.\nCheck your connection"
+            )
         return str(weights)
 
     hub.offline = False
@@ -209,9 +228,11 @@ def test_the_timm_form_loads_through_timms_download_and_offline_is_one_line(hub)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), atol=1e-5, rtol=0)
     hub.offline = True
-    with pytest.raises(ValueError, match=rf"init_from='timm:{name}': the weights could not be downloaded \(An error "
-                                         r".*\); offline, pass a local file.*init_from=/path/to/weights.safetensors$"
-                       ) as err:
+    with pytest.raises(
+        ValueError,
+        match=rf"init_from='timm:{name}': the weights could not be downloaded \(An error "
+        r".*\); offline, pass a local file.*init_from=/path/to/weights.safetensors$",
+    ) as err:
         vitzoo.create_model("vit_tiny", img_size=32, init_from=f"timm:{name}")
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"the checkpoint's ViT has depth=12, the model depth=3"):
@@ -222,8 +243,9 @@ def test_the_timm_form_loads_through_timms_download_and_offline_is_one_line(hub)
 
 def _hydra_teacher(tmp_path):
     """A timm ViT with the fast test preset's shape (vit_cifar: patch 4, MLP ratio 2; 16 px, 1 block, 32 wide)."""
-    teacher = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_ratio=2.0,
-                                num_classes=10)
+    teacher = VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_ratio=2.0, num_classes=10
+    )
     return teacher, _save(teacher, tmp_path / "teacher.safetensors")
 
 
@@ -231,6 +253,7 @@ def test_model_init_from_reaches_the_model_in_hydra(tmp_path):
     teacher, path = _hydra_teacher(tmp_path)
     cfg = compose_config(tmp_path, ["debug=tiny_vit", "model=vit_linear", f"model.init_from={path}"])
     from hydra.utils import instantiate
+
     module = build_classifier(cfg, instantiate(cfg.data))
     mine = module.model.state_dict()
     assert all(torch.equal(mine[name], tensor) for name, tensor in teacher.state_dict().items() if name in mine)
@@ -243,10 +266,15 @@ def test_a_resumed_run_takes_its_weights_from_the_checkpoint_not_init_from(tmp_p
     base = ["debug=tiny_vit", "model=vit_softmax"]
     train(compose_config(tmp_path / "run", [*base, "trainer.max_epochs=1", f"model.init_from={path}"]))
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    broken = _save(vitzoo.create_model("nonlocal_resnet18_cifar", channels=[16, 32, 64, 128], stem_width=16),
-                   tmp_path / "resnet.pth")  # initialise_from would refuse it
-    metrics = train(compose_config(tmp_path / "run", [*base, "trainer.max_epochs=2", f"ckpt_path={last}",
-                                                      f"model.init_from={broken}"]))
+    broken = _save(
+        vitzoo.create_model("nonlocal_resnet18_cifar", channels=[16, 32, 64, 128], stem_width=16),
+        tmp_path / "resnet.pth",
+    )  # initialise_from would refuse it
+    metrics = train(
+        compose_config(
+            tmp_path / "run", [*base, "trainer.max_epochs=2", f"ckpt_path={last}", f"model.init_from={broken}"]
+        )
+    )
     assert metrics["epoch"] == 2
     path.unlink()
     model, _ = load_classifier(str(last))  # eval needs only the checkpoint

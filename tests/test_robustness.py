@@ -1,4 +1,5 @@
 """Robustness evaluation: the sweep, its summary metrics, eval.py's outputs and its errors."""
+
 from __future__ import annotations
 
 import csv
@@ -45,8 +46,16 @@ def unit_loader(img_size: int, max_images=None, batch_size=90):
 
 def sweep_pass(model, hp, step, sweep=Sweep(), loaders=None):
     loaders = loaders if loaders is not None else {}
-    return run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"],
-                    lambda s: loaders.setdefault(s, unit_loader(s)), torch.device("cpu"))
+    return run_pass(
+        model,
+        step,
+        sweep,
+        hp["img_size"],
+        hp["mean"],
+        hp["std"],
+        lambda s: loaders.setdefault(s, unit_loader(s)),
+        torch.device("cpu"),
+    )
 
 
 # -- the sweep ----------------------------------------------------------------------------------
@@ -67,8 +76,9 @@ def test_clean_pass_matches_the_training_pipeline(checkpoints):
     """[0, 1] images normalised in the sweep == the data module's own normalised val images."""
     model, hp = load_classifier(checkpoints["vit_linear"])
     clean = sweep_pass(model, hp, Pass("clean", 0))
-    assert clean["acc1"] == pytest.approx(json.loads((checkpoints["vit_linear"].parents[1] / "metrics.json")
-                                                     .read_text())["val/acc1"], abs=1 / 360)
+    assert clean["acc1"] == pytest.approx(
+        json.loads((checkpoints["vit_linear"].parents[1] / "metrics.json").read_text())["val/acc1"], abs=1 / 360
+    )
     assert clean["num_images"] == 360
 
 
@@ -126,16 +136,24 @@ def test_results_are_strict_json_when_a_metric_is_nan(tmp_path):
     """A diverged checkpoint's NaN loss is written as null (a bare NaN is not JSON)."""
     record = {"checkpoint": "a", "test": "clean", "level": 0, "acc1": 0.1, "loss": float("nan")}
     write_results([record], {"a": {"mce": float("inf")}}, tmp_path, {"path": tmp_path})
-    strict = json.loads((tmp_path / "robustness.json").read_text(),
-                        parse_constant=lambda name: pytest.fail(f"{name} in robustness.json"))
+    strict = json.loads(
+        (tmp_path / "robustness.json").read_text(),
+        parse_constant=lambda name: pytest.fail(f"{name} in robustness.json"),
+    )
     assert strict["records"][0]["loss"] is None and strict["summary"]["a"]["mce"] is None
     assert strict["path"] == str(tmp_path)
 
 
 def test_sweep_lists_every_pass_clean_first():
     passes = sweep_passes(Sweep(corruptions=("contrast",), severities=(1, 5), logit_noise=(0, 1), resolutions=(2,)))
-    assert [str(p) for p in passes] == ["clean", "contrast 1", "contrast 5", "logit_noise 0", "logit_noise 1",
-                                        "resolution 2"]
+    assert [str(p) for p in passes] == [
+        "clean",
+        "contrast 1",
+        "contrast 5",
+        "logit_noise 0",
+        "logit_noise 1",
+        "resolution 2",
+    ]
 
 
 def test_bad_sweep_options_name_the_fix():
@@ -151,8 +169,11 @@ def test_bad_sweep_options_name_the_fix():
         Sweep(protocol="tiny")
     with pytest.raises(ValueError, match=r"robustness.attack='apgd'; choose pgd .* or autoattack"):
         Sweep(adversarial=(8,), attack="apgd")
-    with pytest.raises(ValueError, match=r"robustness.attack=autoattack attacks at the radii of robustness."
-                                         r"adversarial, which is empty; add e.g. robustness.adversarial=\[8\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"robustness.attack=autoattack attacks at the radii of robustness."
+        r"adversarial, which is empty; add e.g. robustness.adversarial=\[8\]",
+    ):
         Sweep(attack="autoattack")
 
 
@@ -195,17 +216,29 @@ def test_summary_mean_drop_and_mce_follow_hendrycks():
 @pytest.mark.slow
 def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
     ckpts = f"{{softmax: {checkpoints['vit_softmax']}, linear: {checkpoints['vit_linear']}}}"
-    cfg = compose_config(tmp_path, [f"ckpt_path={ckpts}", "robustness.corruptions=[gaussian_noise,contrast]",
-                                    "robustness.severities=[1,3,5]", "robustness.logit_noise=[0,1]",
-                                    "robustness.resolutions=[2]", "robustness.baseline=softmax",
-                                    "robustness.progress=false"], name="eval")
+    cfg = compose_config(
+        tmp_path,
+        [
+            f"ckpt_path={ckpts}",
+            "robustness.corruptions=[gaussian_noise,contrast]",
+            "robustness.severities=[1,3,5]",
+            "robustness.logit_noise=[0,1]",
+            "robustness.resolutions=[2]",
+            "robustness.baseline=softmax",
+            "robustness.progress=false",
+        ],
+        name="eval",
+    )
     result = evaluate_checkpoints(cfg)
     payload = json.loads((tmp_path / "robustness.json").read_text())
     per_ckpt = 1 + 2 * 3 + 2 + 1
     assert len(payload["records"]) == 2 * per_ckpt == len(result["records"])
     assert {(r["checkpoint"], r["test"], r["level"]) for r in payload["records"]} >= {
-        ("softmax", "clean", 0), ("linear", "contrast", 5), ("linear", "logit_noise", 1.0),
-        ("softmax", "resolution", 32)}
+        ("softmax", "clean", 0),
+        ("linear", "contrast", 5),
+        ("linear", "logit_noise", 1.0),
+        ("softmax", "resolution", 32),
+    }
     for label in ("softmax", "linear"):
         records = {(r["test"], r["level"]): r["acc1"] for r in payload["records"] if r["checkpoint"] == label}
         assert records[("logit_noise", 0.0)] == records[("clean", 0)]
@@ -226,9 +259,16 @@ def test_eval_compares_checkpoints_side_by_side(checkpoints, tmp_path):
 
 @pytest.mark.slow
 def test_val_split_held_in_memory_gives_the_streamed_results(checkpoints, tmp_path, monkeypatch):
-    overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness.corruptions=[shot_noise]",
-                 "robustness.severities=[5]", "robustness.logit_noise=[1]", "robustness.resolutions=[2]",
-                 "robustness.plots=false", "robustness.tensorboard=false", "robustness.progress=false"]
+    overrides = [
+        f"ckpt_path={checkpoints['vit_linear']}",
+        "robustness.corruptions=[shot_noise]",
+        "robustness.severities=[5]",
+        "robustness.logit_noise=[1]",
+        "robustness.resolutions=[2]",
+        "robustness.plots=false",
+        "robustness.tensorboard=false",
+        "robustness.progress=false",
+    ]
     in_memory = evaluate_checkpoints(compose_config(tmp_path / "memory", overrides, name="eval"))["records"]
     monkeypatch.setattr(robustness.api, "MEMORY_BUDGET_BYTES", 0)
     streamed = evaluate_checkpoints(compose_config(tmp_path / "streamed", overrides, name="eval"))["records"]
@@ -237,9 +277,16 @@ def test_val_split_held_in_memory_gives_the_streamed_results(checkpoints, tmp_pa
 
 @pytest.mark.slow
 def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
-    cfg = compose_config(tmp_path, [f"ckpt_path=[{checkpoints['vit_softmax']},{checkpoints['vit_linear']}]",
-                                    "robustness=clean", f"robustness.baseline={checkpoints['vit_linear']}",
-                                    "robustness.progress=false"], name="eval")
+    cfg = compose_config(
+        tmp_path,
+        [
+            f"ckpt_path=[{checkpoints['vit_softmax']},{checkpoints['vit_linear']}]",
+            "robustness=clean",
+            f"robustness.baseline={checkpoints['vit_linear']}",
+            "robustness.progress=false",
+        ],
+        name="eval",
+    )
     payload = evaluate_checkpoints(cfg)
     assert list(payload["metrics"]) == ["softmax", "linear"]
     assert payload["summary"]["linear"]["clean_acc1"] == payload["metrics"]["linear"]["acc1"]
@@ -248,8 +295,18 @@ def test_listed_checkpoints_are_labelled_by_attention(checkpoints, tmp_path):
 @pytest.mark.slow
 def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
     ckpt = checkpoints["vit_softmax"]
-    proc = subprocess.run([sys.executable, "eval.py", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}",
-                           "robustness.corruptions=[gaussian_noise,rain]"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "eval.py",
+            f"ckpt_path={ckpt}",
+            f"hydra.run.dir={tmp_path / 'eval'}",
+            "robustness.corruptions=[gaussian_noise,rain]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: unknown corruption(s) ['rain']; choose from"), proc.stderr
@@ -264,8 +321,11 @@ def test_eval_bad_input_is_one_line_naming_the_fix(checkpoints, tmp_path):
         evaluate(f"ckpt_path={ckpt}", "robustness.baseline=nothing")
     with pytest.raises(ValueError, match="has 10 classes but the data has 3; pass the data"):
         evaluate(f"ckpt_path={ckpt}", "data=synthetic", "data.num_classes=3")
-    with pytest.raises(ValueError, match=r"data.img_size=32, but each checkpoint is evaluated at the size it was "
-                                         r"trained at: .*last.ckpt \(16 px\); drop data.img_size.*robustness.resolutions"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.img_size=32, but each checkpoint is evaluated at the size it was "
+        r"trained at: .*last.ckpt \(16 px\); drop data.img_size.*robustness.resolutions",
+    ):
         evaluate(f"ckpt_path={ckpt}", "data.img_size=32")
     with pytest.raises(ValueError, match=r"resolutions=\[1.0, 1.1\] give the sizes \[16, 16\] px .*drop"):
         evaluate(f"ckpt_path={ckpt}", "robustness.resolutions=[1.0,1.1]")
@@ -303,10 +363,18 @@ def test_eval_reads_the_released_files_as_released(checkpoints, tmp_path, layout
         raise AssertionError("corrupt() called on a source=files pass")
 
     monkeypatch.setattr(robustness.sweep, "corrupt", no_corrupt)
-    overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness.source=files",
-                 f"robustness.root={tmp_path / 'released'}", "robustness.corruptions=[fog]",
-                 "robustness.severities=[1,5]", "robustness.logit_noise=[1]", "robustness.resolutions=[]",
-                 "robustness.plots=false", "robustness.tensorboard=false", "robustness.progress=false"]
+    overrides = [
+        f"ckpt_path={checkpoints['vit_softmax']}",
+        "robustness.source=files",
+        f"robustness.root={tmp_path / 'released'}",
+        "robustness.corruptions=[fog]",
+        "robustness.severities=[1,5]",
+        "robustness.logit_noise=[1]",
+        "robustness.resolutions=[]",
+        "robustness.plots=false",
+        "robustness.tensorboard=false",
+        "robustness.progress=false",
+    ]
     result = evaluate_checkpoints(compose_config(tmp_path / "eval", overrides, name="eval"))
     acc = {(r["test"], r["level"]): r for r in result["records"]}
     model, hp = load_classifier(checkpoints["vit_softmax"])
@@ -328,10 +396,18 @@ def test_eval_reads_the_released_files_as_released(checkpoints, tmp_path, layout
 @pytest.mark.slow
 def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
     def evaluate(*overrides):
-        return evaluate_checkpoints(compose_config(tmp_path / "e", [f"ckpt_path={checkpoints['vit_softmax']}",
-                                                                    "robustness.logit_noise=[]",
-                                                                    "robustness.resolutions=[]", *overrides],
-                                                   name="eval"))
+        return evaluate_checkpoints(
+            compose_config(
+                tmp_path / "e",
+                [
+                    f"ckpt_path={checkpoints['vit_softmax']}",
+                    "robustness.logit_noise=[]",
+                    "robustness.resolutions=[]",
+                    *overrides,
+                ],
+                name="eval",
+            )
+        )
 
     _released_digits(tmp_path / "digits", "cifar")
     small = write_cifar_c(tmp_path / "small")  # 8 x 6 px images of fog and gaussian_noise
@@ -339,15 +415,25 @@ def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
         evaluate("robustness.source=files")
     with pytest.raises(ValueError, match=r"robustness.root=.* is read only with robustness.source=files; add"):
         evaluate(f"robustness.root={small}")
-    with pytest.raises(ValueError, match=r"has no files for \['shot_noise'\]; it holds \['fog'\]: pass "
-                                         r"robustness.corruptions=\[fog\]"):
-        evaluate("robustness.source=files", f"robustness.root={tmp_path / 'digits'}",
-                 "robustness.corruptions=[fog,shot_noise]")
+    with pytest.raises(
+        ValueError,
+        match=r"has no files for \['shot_noise'\]; it holds \['fog'\]: pass "
+        r"robustness.corruptions=\[fog\]",
+    ):
+        evaluate(
+            "robustness.source=files",
+            f"robustness.root={tmp_path / 'digits'}",
+            "robustness.corruptions=[fog,shot_noise]",
+        )
     with pytest.raises(ValueError, match=r"holds 8x6 px images but softmax \(16 px\) took other sizes"):
         evaluate("robustness.source=files", f"robustness.root={small}", "robustness.corruptions=[fog]")
     with pytest.raises(ValueError, match=r"robustness.protocol=imagenet but .* holds the cifar benchmark's files"):
-        evaluate("robustness.source=files", f"robustness.root={tmp_path / 'digits'}", "robustness.corruptions=[fog]",
-                 "robustness.protocol=imagenet")
+        evaluate(
+            "robustness.source=files",
+            f"robustness.root={tmp_path / 'digits'}",
+            "robustness.corruptions=[fog]",
+            "robustness.protocol=imagenet",
+        )
     with pytest.raises(ValueError, match=r"robustness.source='disk'; choose computed"):
         evaluate("robustness.source=disk")
 
@@ -356,13 +442,18 @@ def test_eval_released_files_refusals_name_the_fix(checkpoints, tmp_path):
 def test_eval_refuses_a_missing_autoattack_install_before_the_first_pass(checkpoints, tmp_path, monkeypatch):
     """A sweep would die at its AutoAttack pass after minutes of others: the install is checked first; PGD and
     frost need nothing besides vitzoo."""
+
     def no_pass(*args, **kwargs):
         raise AssertionError("a pass ran before the install check")
 
     monkeypatch.setattr(robustness.api, "run_pass", no_pass)
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # import torchattacks raises ImportError
-    overrides = [f"ckpt_path={checkpoints['vit_softmax']}", "robustness=clean", "robustness.progress=false",
-                 "robustness.adversarial=[2]"]
+    overrides = [
+        f"ckpt_path={checkpoints['vit_softmax']}",
+        "robustness=clean",
+        "robustness.progress=false",
+        "robustness.adversarial=[2]",
+    ]
     with pytest.raises(ImportError, match=r"needs torchattacks: pip install --no-deps torchattacks==3.5.1"):
         evaluate_checkpoints(compose_config(tmp_path / "b", [*overrides, "robustness.attack=autoattack"], name="eval"))
 
@@ -377,12 +468,25 @@ def test_eval_warns_when_the_run_trained_on_other_data(checkpoints, tmp_path, ca
     (run / ".hydra" / "config.yaml").write_text("data:\n  _target_: vitzoo.data.SyntheticDataModule\n")
     for data, warned in [([], True), (["data=synthetic", "data.img_size=16"], False)]:
         caplog.clear()
-        evaluate_checkpoints(compose_config(tmp_path / "e", [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-                                                             "robustness=clean", "robustness.progress=false", *data],
-                                            name="eval"))
+        evaluate_checkpoints(
+            compose_config(
+                tmp_path / "e",
+                [
+                    f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+                    "robustness=clean",
+                    "robustness.progress=false",
+                    *data,
+                ],
+                name="eval",
+            )
+        )
         said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert any("trained on SyntheticDataModule but is evaluated on DigitsDataModule: pass the data=" in m
-                   for m in said) == warned, said
+        assert (
+            any(
+                "trained on SyntheticDataModule but is evaluated on DigitsDataModule: pass the data=" in m for m in said
+            )
+            == warned
+        ), said
 
 
 @pytest.mark.slow
@@ -407,34 +511,77 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     file's path (each exists) and the run directory; eval.log holds the same lines as the console."""
     run = tmp_path / "eval"
     ckpts = f"{{softmax: {checkpoints['vit_softmax']}, linear: {checkpoints['vit_linear']}}}"
-    proc = subprocess.run([sys.executable, "eval.py", f"ckpt_path={ckpts}", f"hydra.run.dir={run}",
-                           "robustness.corruptions=[gaussian_noise]", "robustness.severities=[5]",
-                           "robustness.logit_noise=[0,1]", "robustness.resolutions=[2]",
-                           "robustness.baseline=softmax", "robustness.progress=false"],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "eval.py",
+            f"ckpt_path={ckpts}",
+            f"hydra.run.dir={run}",
+            "robustness.corruptions=[gaussian_noise]",
+            "robustness.severities=[5]",
+            "robustness.logit_noise=[0,1]",
+            "robustness.resolutions=[2]",
+            "robustness.baseline=softmax",
+            "robustness.progress=false",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = [line.split("] ", 1)[1] for line in proc.stdout.splitlines()]  # "[time][INFO] message"
     header = said.index(next(line for line in said if line.startswith("checkpoint ")))
     assert said[header - 1].split() == ["corruptions", "logit", "noise", "input", "size"]
-    assert said[header].split() == ["checkpoint", "clean", "mean", "1", "of", "15", "mean", "CE", "1", "of", "15",
-                                    "vs", "softmax", "1", "2x"]
+    assert said[header].split() == [
+        "checkpoint",
+        "clean",
+        "mean",
+        "1",
+        "of",
+        "15",
+        "mean",
+        "CE",
+        "1",
+        "of",
+        "15",
+        "vs",
+        "softmax",
+        "1",
+        "2x",
+    ]
     summary = json.loads((run / "robustness.json").read_text())["summary"]
-    for line, label in zip(said[header + 1:header + 3], ("softmax", "linear")):
+    for line, label in zip(said[header + 1 : header + 3], ("softmax", "linear")):
         s = summary[label]
-        expected = [s["clean_acc1"], s["mean_corrupted_acc1"], s["mce"], s["logit_noise_acc1"]["1"],
-                    s["resolution_acc1"]["32"]]
+        expected = [
+            s["clean_acc1"],
+            s["mean_corrupted_acc1"],
+            s["mce"],
+            s["logit_noise_acc1"]["1"],
+            s["resolution_acc1"]["32"],
+        ]
         assert line.split() == [label, *(f"{100 * v:.1f}" for v in expected)], line
-    assert said[header + 3] == "corruptions: mean = accuracy over gaussian_noise x severities (1 of 15 at " \
-                               "severities 5: not the 15 x 5)"
+    assert (
+        said[header + 3] == "corruptions: mean = accuracy over gaussian_noise x severities (1 of 15 at "
+        "severities 5: not the 15 x 5)"
+    )
     assert said[header + 4].startswith("  mean CE (not mCE, which needs the 15 at severities 1-5) vs softmax = ")
     assert "360 images per pass" in said[header - 2] and "Digits val split" in said[header - 2]
 
     start = said.index(f"run directory: {run.resolve()}")  # then the files, relative to it
-    paths = dict(line.strip().split(": ", 1) for line in said[start + 1:])
+    paths = dict(line.strip().split(": ", 1) for line in said[start + 1 :])
     assert list(paths) == ["results", "plots", "tensorboard", "log"] and said[start - 1].startswith("input size: ")
     files = [name for key in ("results", "plots", "log") for name in paths[key].split(", ")]
-    assert sorted(files) == sorted(["robustness.json", "robustness.csv", "metrics.json", "corruptions.png",
-                                    "logit_noise.png", "resolution.png", "eval.log"])
+    assert sorted(files) == sorted(
+        [
+            "robustness.json",
+            "robustness.csv",
+            "metrics.json",
+            "corruptions.png",
+            "logit_noise.png",
+            "resolution.png",
+            "eval.log",
+        ]
+    )
     assert all((run / name).is_file() for name in files)
     assert paths["tensorboard"] == f"tensorboard (tensorboard --logdir {run.resolve() / 'tensorboard'})"
     assert (run / "tensorboard" / "softmax").is_dir()
@@ -450,8 +597,9 @@ def test_pgd_drops_a_trained_digits_model_well_below_clean_and_below_fgsm(checkp
     model, hp = load_classifier(checkpoints["vit_softmax"])
     loader = unit_loader(16, max_images=180)
     clean = sweep_pass(model, hp, Pass("clean", 0), loaders={16: loader})["acc1"]
-    weak, strong = (adversarial_accuracy(model, loader, hp["mean"], hp["std"], eps / 255, torch.device("cpu"))
-                    for eps in (2, 8))
+    weak, strong = (
+        adversarial_accuracy(model, loader, hp["mean"], hp["std"], eps / 255, torch.device("cpu")) for eps in (2, 8)
+    )
     assert weak["num_images"] == strong["num_images"] == 180
     for r in (weak, strong):
         assert r["acc1"] <= r["fgsm_acc1"] <= clean  # PGD at least as strong as FGSM, both at most clean
@@ -470,8 +618,9 @@ def test_autoattack_is_at_least_as_strong_as_pgd_on_a_trained_digits_model(check
     model, hp = load_classifier(checkpoints["vit_softmax"])
     loader = unit_loader(16, max_images=60, batch_size=30)  # two batches: AutoAttack re-seeds between them
     clean = sweep_pass(model, hp, Pass("clean", 0), loaders={16: loader})["acc1"]
-    result = adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"),
-                                  attack="autoattack")
+    result = adversarial_accuracy(
+        model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"), attack="autoattack"
+    )
     assert result["autoattack_acc1"] <= result["acc1"] <= result["fgsm_acc1"] <= clean, (clean, result)
     assert result["autoattack_acc1"] < clean - 0.3, (clean, result)
     pgd_only = adversarial_accuracy(model, loader, hp["mean"], hp["std"], 4 / 255, torch.device("cpu"))
@@ -482,9 +631,15 @@ def test_autoattack_is_at_least_as_strong_as_pgd_on_a_trained_digits_model(check
 
 @pytest.mark.slow
 def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
-    overrides = [f"ckpt_path={checkpoints['vit_linear']}", "robustness=clean", "robustness.adversarial=[2,8]",
-                 "robustness.max_images=90", "robustness.progress=false", "robustness.plots=true",
-                 "robustness.tensorboard=true"]
+    overrides = [
+        f"ckpt_path={checkpoints['vit_linear']}",
+        "robustness=clean",
+        "robustness.adversarial=[2,8]",
+        "robustness.max_images=90",
+        "robustness.progress=false",
+        "robustness.plots=true",
+        "robustness.tensorboard=true",
+    ]
     result = evaluate_checkpoints(compose_config(tmp_path, overrides, name="eval"))
     assert (tmp_path / "adversarial.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -1,5 +1,6 @@
 """The corruption summaries as published: ImageNet-C's AlexNet-normalised CE / mCE, CIFAR-C's 15 x 5 mean accuracy,
 checked against values computed by hand from the formula CE_c = sum_s E_{s,c} / sum_s E^AlexNet_{s,c}."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,11 @@ def _levels(errors):
 
 
 def test_alexnet_ce_of_two_corruptions_by_hand_and_not_called_mce():
-    corruptions = {"gaussian_noise": _levels([0.2, 0.3, 0.4, 0.5, 0.6]),
-                   "contrast": _levels([0.1, 0.1, 0.2, 0.2, 0.4]),
-                   "fog": {1: {"acc1": 0.5}, 3: {"acc1": 0.4}}}  # not at all five severities: left out
+    corruptions = {
+        "gaussian_noise": _levels([0.2, 0.3, 0.4, 0.5, 0.6]),
+        "contrast": _levels([0.1, 0.1, 0.2, 0.2, 0.4]),
+        "fog": {1: {"acc1": 0.5}, 3: {"acc1": 0.4}},
+    }  # not at all five severities: left out
     out = published(corruptions, "imagenet")
     # AlexNet's published errors (mean over severities): Gaussian noise 0.886428, contrast 0.853204.
     ce_noise = (0.2 + 0.3 + 0.4 + 0.5 + 0.6) / (5 * 0.886428)  # 2.0 / 4.43214 = 0.45125
@@ -32,10 +35,23 @@ def test_alexnet_ce_of_two_corruptions_by_hand_and_not_called_mce():
 
 def test_the_15_at_five_severities_give_the_mce_and_robustbench_mean():
     names = list_corruptions("benchmark")
-    alexnet = {"gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
-               "defocus_blur": 0.819880, "glass_blur": 0.826268, "motion_blur": 0.785948, "zoom_blur": 0.798360,
-               "snow": 0.866816, "frost": 0.826572, "fog": 0.819324, "brightness": 0.564592, "contrast": 0.853204,
-               "elastic_transform": 0.646056, "pixelate": 0.717840, "jpeg_compression": 0.606500}
+    alexnet = {
+        "gaussian_noise": 0.886428,
+        "shot_noise": 0.894468,
+        "impulse_noise": 0.922640,
+        "defocus_blur": 0.819880,
+        "glass_blur": 0.826268,
+        "motion_blur": 0.785948,
+        "zoom_blur": 0.798360,
+        "snow": 0.866816,
+        "frost": 0.826572,
+        "fog": 0.819324,
+        "brightness": 0.564592,
+        "contrast": 0.853204,
+        "elastic_transform": 0.646056,
+        "pixelate": 0.717840,
+        "jpeg_compression": 0.606500,
+    }
     assert sorted(alexnet) == names
     half = {n: _levels([alexnet[n] / 2] * 5) for n in names}  # half AlexNet's error everywhere: mCE = 0.5
     out = published(half, "imagenet")
@@ -47,8 +63,11 @@ def test_the_15_at_five_severities_give_the_mce_and_robustbench_mean():
 
 def _records(label, clean, corruptions, severities=(1, 2, 3, 4, 5), acc=0.5):
     out = [{"checkpoint": label, "test": "clean", "level": 0, "acc1": clean, "num_images": 100}]
-    return out + [{"checkpoint": label, "test": c, "level": s, "acc1": acc, "num_images": 100}
-                  for c in corruptions for s in severities]
+    return out + [
+        {"checkpoint": label, "test": c, "level": s, "acc1": acc, "num_images": 100}
+        for c in corruptions
+        for s in severities
+    ]
 
 
 def test_summary_and_table_name_what_each_mean_is_over():
@@ -56,17 +75,42 @@ def test_summary_and_table_name_what_each_mean_is_over():
     records = _records("a", 0.9, some) + _records("b", 0.8, some, acc=0.4)
     summary = summarize(records, "a", {"a": "imagenet", "b": "imagenet"})
     assert summary["a"]["corruptions"] == some and summary["a"]["over"] == "2 of 15 + 1 extra"
-    assert summary["a"]["benchmark"] is False and summary["a"]["published"]["corruptions"] == ["contrast",
-                                                                                               "gaussian_noise"]
+    assert summary["a"]["benchmark"] is False and summary["a"]["published"]["corruptions"] == [
+        "contrast",
+        "gaussian_noise",
+    ]
     lines = results_table(records, summary, "a", "x", [], {})
-    assert lines[2].split() == ["checkpoint", "clean", "mean", "2", "of", "15+1", "mean", "CE", "2", "of", "15+1",
-                                "vs", "a", "mean", "CE", "AlexNet", "2", "of", "15"]
+    assert lines[2].split() == [
+        "checkpoint",
+        "clean",
+        "mean",
+        "2",
+        "of",
+        "15+1",
+        "mean",
+        "CE",
+        "2",
+        "of",
+        "15+1",
+        "vs",
+        "a",
+        "mean",
+        "CE",
+        "AlexNet",
+        "2",
+        "of",
+        "15",
+    ]
     assert "mCE" not in " ".join(lines[:5])
-    assert lines[5] == "corruptions: mean = accuracy over gaussian_noise, contrast, speckle_noise x severities " \
-                       "(2 of 15 + 1 extra at severities 1,2,3,4,5: not the 15 x 5)"
+    assert (
+        lines[5] == "corruptions: mean = accuracy over gaussian_noise, contrast, speckle_noise x severities "
+        "(2 of 15 + 1 extra at severities 1,2,3,4,5: not the 15 x 5)"
+    )
     assert lines[6].startswith("  mean CE (not mCE, which needs the 15 at severities 1-5) vs a = ")
-    assert lines[7] == "  CE AlexNet = ImageNet-C corruption error in % of AlexNet's published errors, mean over " \
-                       "contrast, gaussian_noise (2 of 15; not mCE)"
+    assert (
+        lines[7] == "  CE AlexNet = ImageNet-C corruption error in % of AlexNet's published errors, mean over "
+        "contrast, gaussian_noise (2 of 15; not mCE)"
+    )
 
     every = list_corruptions("benchmark")
     records = _records("a", 0.9, every) + _records("b", 0.8, every, acc=0.4)

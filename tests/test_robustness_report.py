@@ -1,4 +1,5 @@
 """What the robustness results say: the Wilson interval, the plots' titles, bands and axes, eval.py's closing table."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -42,8 +43,9 @@ def _records(n=1000):
     return out
 
 
-@pytest.mark.parametrize("draw", [corruption_figure, logit_noise_figure,
-                                  lambda r, d: resolution_figure(r, d, {"softmax": 16, "linear": 16})])
+@pytest.mark.parametrize(
+    "draw", [corruption_figure, logit_noise_figure, lambda r, d: resolution_figure(r, d, {"softmax": 16, "linear": 16})]
+)
 def test_plots_name_data_images_and_checkpoints_start_at_zero_and_band_each_line(draw):
     records = _records()
     fig = draw(records, "Digits val split")
@@ -51,8 +53,11 @@ def test_plots_name_data_images_and_checkpoints_start_at_zero_and_band_each_line
         title = fig.get_suptitle()
         assert "Digits val split" in title and "1,000 images per point" in title
         assert "2 checkpoints: softmax, linear" in title and "Wilson 95%" in title
-        accuracy_axes = [ax for ax in fig.axes if ax.get_ylabel() == "top-1 accuracy" or ax.get_title() in
-                         ("contrast", "gaussian_noise")]
+        accuracy_axes = [
+            ax
+            for ax in fig.axes
+            if ax.get_ylabel() == "top-1 accuracy" or ax.get_title() in ("contrast", "gaussian_noise")
+        ]
         assert accuracy_axes
         for ax in accuracy_axes:
             assert ax.get_ylim() == (0.0, 1.0)  # 0 to 100%, not zoomed to the 80-95% the data spans
@@ -74,16 +79,37 @@ def test_plots_name_data_images_and_checkpoints_start_at_zero_and_band_each_line
 def test_closing_table_has_one_row_per_checkpoint_in_percent():
     records = _records(n=360)
     scope = {"corruptions": ["gaussian_noise"], "over": "1 of 15", "benchmark": False}
-    summary = {"softmax": {"mean_corrupted_acc1": 0.9, "mce": 1.0, **scope},
-               "linear": {"mean_corrupted_acc1": 0.85, "mce": 1.25, **scope}}
-    lines = results_table(records, summary, "softmax", "Digits val split", [1.5, 2.0],
-                          {"softmax": [24, 32], "linear": [24, 32]})
+    summary = {
+        "softmax": {"mean_corrupted_acc1": 0.9, "mce": 1.0, **scope},
+        "linear": {"mean_corrupted_acc1": 0.85, "mce": 1.25, **scope},
+    }
+    lines = results_table(
+        records, summary, "softmax", "Digits val split", [1.5, 2.0], {"softmax": [24, 32], "linear": [24, 32]}
+    )
     assert lines[0].startswith("top-1 accuracy (%) on the Digits val split, 360 images per pass")
     half = max(h - lo for lo, h in (accuracy_interval(r["acc1"], 360) for r in records)) / 2
     assert f"+-{100 * half:.1f} points at most" in lines[0]
     assert lines[1].split() == ["corruptions", "logit", "noise", "input", "size"]
-    assert lines[2].split() == ["checkpoint", "clean", "mean", "1", "of", "15", "mean", "CE", "1", "of", "15", "vs",
-                                "softmax", "0.5", "1", "2", "1.5x", "2x"]
+    assert lines[2].split() == [
+        "checkpoint",
+        "clean",
+        "mean",
+        "1",
+        "of",
+        "15",
+        "mean",
+        "CE",
+        "1",
+        "of",
+        "15",
+        "vs",
+        "softmax",
+        "0.5",
+        "1",
+        "2",
+        "1.5x",
+        "2x",
+    ]
     assert lines[3].split() == ["softmax", "95.0", "90.0", "100.0", "93.5", "92.0", "89.0", "85.0", "85.0"]
     assert lines[4].split() == ["linear", "90.0", "85.0", "125.0", "88.5", "87.0", "84.0", "80.0", "80.0"]
     assert all(len(line) == len(lines[2]) for line in lines[3:5])  # columns line up
@@ -91,13 +117,31 @@ def test_closing_table_has_one_row_per_checkpoint_in_percent():
     assert lines[6].startswith("  mean CE (not mCE, which needs the 15 at severities 1-5) vs softmax = ")
 
     no_base = results_table(records, {k: {**v, "mce": None} for k, v in summary.items()}, None, "x", [], {})
-    assert no_base[2].split() == ["checkpoint", "clean", "mean", "1", "of", "15", "mean", "CE", "1", "of", "15",
-                                  "0.5", "1", "2"]
+    assert no_base[2].split() == [
+        "checkpoint",
+        "clean",
+        "mean",
+        "1",
+        "of",
+        "15",
+        "mean",
+        "CE",
+        "1",
+        "of",
+        "15",
+        "0.5",
+        "1",
+        "2",
+    ]
     assert no_base[3].split()[3] == "-" and no_base[6].startswith("  mean CE needs a baseline (robustness.baseline=")
-    clean_only = results_table([r for r in records if r["test"] == "clean"], {"softmax": {}, "linear": {}}, None,
-                               "x", [], {})
-    assert [line.split() for line in clean_only[1:]] == [["checkpoint", "clean"], ["softmax", "95.0"],
-                                                         ["linear", "90.0"]]
+    clean_only = results_table(
+        [r for r in records if r["test"] == "clean"], {"softmax": {}, "linear": {}}, None, "x", [], {}
+    )
+    assert [line.split() for line in clean_only[1:]] == [
+        ["checkpoint", "clean"],
+        ["softmax", "95.0"],
+        ["linear", "90.0"],
+    ]
 
 
 def _attacked(autoattack=True):
@@ -108,8 +152,9 @@ def _attacked(autoattack=True):
         out.append({**rec, "test": "clean", "level": 0, "acc1": base})
         for eps, drop in ((2.0, 0.3), (8.0, 0.7)):
             aa = {"autoattack_acc1": base - drop - 0.05} if autoattack else {}
-            out.append({**rec, "test": "pgd_linf", "level": eps, "acc1": base - drop, "fgsm_acc1": base - drop / 2,
-                        **aa})
+            out.append(
+                {**rec, "test": "pgd_linf", "level": eps, "acc1": base - drop, "fgsm_acc1": base - drop / 2, **aa}
+            )
     return out
 
 
@@ -161,11 +206,18 @@ def test_zoo_summary_names_its_images_starts_at_zero_and_bars_the_wilson_interva
     def run(label, seed, val, evaluated):
         records = [{"test": "clean", "level": 0, "acc1": val, "num_images": 2000}] if evaluated else []
         row = {"val acc": val, "gauss sev1-5": val - 0.1, "logit sigma=1": val - 0.05, "2x res": None}
-        return {"label": label, "preset": label, "seed": seed, "row": row,
-                "robustness": {"records": records} if evaluated else None}
+        return {
+            "label": label,
+            "preset": label,
+            "seed": seed,
+            "row": row,
+            "robustness": {"records": records} if evaluated else None,
+        }
 
-    rows = {"vit_softmax": [run("softmax", 0, 0.5, True), run("softmax", 1, 0.6, True)],
-            "vit_linear": [run("linear", 0, 0.45, False)]}  # converted row: no records, the budget's 1,500
+    rows = {
+        "vit_softmax": [run("softmax", 0, 0.5, True), run("softmax", 1, 0.6, True)],
+        "vit_linear": [run("linear", 0, 0.45, False)],
+    }  # converted row: no records, the budget's 1,500
     fig = zoo_plots.summary_figure(rows, "CIFAR-10 val split (zoo_cpu)", 5000, 1500)
     try:
         title, ax = fig.get_suptitle(), fig.axes[0]
@@ -178,8 +230,9 @@ def test_zoo_summary_names_its_images_starts_at_zero_and_bars_the_wilson_interva
         val_bars = bars[0]  # "val acc": softmax's mean of two seeds, linear's one
         assert [bar.get_height() for bar in val_bars] == pytest.approx([0.55, 0.45])
         segments = val_bars.errorbar.lines[2][0].get_segments()
-        assert [y for s in segments for y in s[:, 1]] == pytest.approx([*accuracy_interval(0.55, 5000),
-                                                                       *accuracy_interval(0.45, 5000)])
+        assert [y for s in segments for y in s[:, 1]] == pytest.approx(
+            [*accuracy_interval(0.55, 5000), *accuracy_interval(0.45, 5000)]
+        )
         gauss = bars[1].errorbar.lines[2][0].get_segments()
         assert tuple(gauss[1][:, 1]) == pytest.approx(accuracy_interval(0.35, 1500))  # the budget's eval images
         assert len(bars[3]) == 0  # no 2x-res numbers: no bars

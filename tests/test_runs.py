@@ -1,5 +1,6 @@
 """train.py as a log file sees it: per-epoch lines and a closing sentence, resuming in the run's own
 directory, thread pools sized from the CPUs the process may use."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ NOISE = ("GPU available", "TPU available", "Tip:", "FLOPs", "LeafSpec", "Trainer
 def _train(args, log_file: Path, cwd: Path) -> str:
     """train.py with stdout and stderr in ``log_file`` (not a terminal), as under nohup or SLURM."""
     with open(log_file, "w") as out:
-        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *RUN, *args], cwd=cwd, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *RUN, *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+        )
     text = log_file.read_text()
     assert proc.returncode == 0, text[-3000:]
     return text
@@ -36,8 +42,11 @@ def first_run(tmp_path_factory):
     """Two epochs into ``run/``, started from ``cwd`` (where a new run directory would appear under logs/)."""
     root = tmp_path_factory.mktemp("runs")
     run = root / "run"
-    text = _train(["trainer.max_epochs=2", f"hydra.run.dir={run}", "callbacks.epoch_log.heartbeat_s=1e-6"],
-                  root / "first.out", cwd=root)
+    text = _train(
+        ["trainer.max_epochs=2", f"hydra.run.dir={run}", "callbacks.epoch_log.heartbeat_s=1e-6"],
+        root / "first.out",
+        cwd=root,
+    )
     return root, run, text
 
 
@@ -45,16 +54,25 @@ def first_run(tmp_path_factory):
 def test_a_redirected_run_logs_every_epoch_and_a_closing_sentence(first_run):
     _, run, text = first_run
     assert f"run directory {run}: vit_cifar (softmax attention)" in text
-    epochs = re.findall(r"epoch (\d)/2 step (\d+) \| train/acc1 \S+ train/acc5 \S+ train/loss \S+ val/acc1 \S+ "
-                        r"val/acc5 \S+ val/loss \S+ \| [\d.]+ img/s \| elapsed \d:\d\d:\d\d ETA \d:\d\d:\d\d", text)
+    epochs = re.findall(
+        r"epoch (\d)/2 step (\d+) \| train/acc1 \S+ train/acc5 \S+ train/loss \S+ val/acc1 \S+ "
+        r"val/acc5 \S+ val/loss \S+ \| [\d.]+ img/s \| elapsed \d:\d\d:\d\d ETA \d:\d\d:\d\d",
+        text,
+    )
     assert epochs == [("1", "4"), ("2", "8")], text
     # a heartbeat after every batch here (heartbeat_s=1e-6; a minute by default)
-    beats = re.findall(r"epoch (\d)/2 batch (\d)/4 step (\d) \| [\d.]+ img/s \| train/loss [\d.]+ \| "
-                       r"epoch ETA \d:\d\d:\d\d", text)
+    beats = re.findall(
+        r"epoch (\d)/2 batch (\d)/4 step (\d) \| [\d.]+ img/s \| train/loss [\d.]+ \| "
+        r"epoch ETA \d:\d\d:\d\d",
+        text,
+    )
     assert beats == [(str(e), str(b), str(4 * (e - 1) + b)) for e in (1, 2) for b in range(1, 5)], text
-    closing = re.search(r"finished 2 epoch\(s\), step 8, in \S+; best val/acc1 (\S+) at epoch (\d) "
-                        r"\(checkpoints/best-epoch00(\d).ckpt\); last checkpoint checkpoints/last.ckpt; "
-                        r"timm export in export/; all in (\S+)", text)
+    closing = re.search(
+        r"finished 2 epoch\(s\), step 8, in \S+; best val/acc1 (\S+) at epoch (\d) "
+        r"\(checkpoints/best-epoch00(\d).ckpt\); last checkpoint checkpoints/last.ckpt; "
+        r"timm export in export/; all in (\S+)",
+        text,
+    )
     assert closing and int(closing[2]) == int(closing[3]) + 1 and closing[4] == str(run), text
     assert not [line for line in text.splitlines() if any(n in line for n in NOISE)], text
     log = (run / "train.log").read_text()  # the same lines reach the run's log file
@@ -77,13 +95,19 @@ def test_resuming_a_finished_run_says_so_in_one_line_and_rewrites_nothing(first_
     last = run / "checkpoints" / "last.ckpt"
     done = read_checkpoint(last)["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
     before = _files(run)
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *RUN, f"trainer.max_epochs={done}",
-                           f"ckpt_path={last}"], cwd=root, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *RUN, f"trainer.max_epochs={done}", f"ckpt_path={last}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.strip() == (
         f"error: ckpt_path={str(last)!r} is of a run that already finished its {done} epoch(s) (trainer.max_epochs="
         f"{done}); nothing is left to train: to train it further, resume with a larger trainer.max_epochs (e.g. "
-        f"trainer.max_epochs={2 * done})")
+        f"trainer.max_epochs={2 * done})"
+    )
     assert _files(run) == before  # metrics.json, train.log, .hydra/ as they were; no resume config left
     assert not (root / "logs").exists()
 
@@ -91,8 +115,9 @@ def test_resuming_a_finished_run_says_so_in_one_line_and_rewrites_nothing(first_
 @pytest.mark.slow
 def test_resuming_from_last_ckpt_continues_in_the_same_run_dir(first_run):
     root, run, _ = first_run
-    text = _train(["trainer.max_epochs=3", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"],
-                  root / "resumed.out", cwd=root)
+    text = _train(
+        ["trainer.max_epochs=3", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], root / "resumed.out", cwd=root
+    )
     assert not (root / "logs").exists(), "the resumed run opened a new run directory"
     assert "continuing this run from" in text and "won't be reloaded" not in text, text
     assert json.loads((run / "metrics.json").read_text())["global_step"] == 12
@@ -136,5 +161,6 @@ def test_pools_follow_a_one_core_affinity():
     proc = run_python("-c", _PINNED, env=env, check=True)
     lines = proc.stdout.splitlines()
     assert "threads 1 1" in lines and "workers 0 4" in lines, proc.stdout
-    assert any(line.startswith("num_workers=4 but this process may use 1 CPU(s); set num_workers=auto (= 0)")
-               for line in lines), proc.stdout
+    assert any(
+        line.startswith("num_workers=4 but this process may use 1 CPU(s); set num_workers=auto (= 0)") for line in lines
+    ), proc.stdout

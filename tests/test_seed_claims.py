@@ -1,4 +1,4 @@
-"""The numeric claims of docs/mechanisms.md section 6 (docs/mechanisms.md section 6), checked through vitzoo's attention functions.
+"""The numeric claims of docs/mechanisms.md section 6, checked through vitzoo's attention functions.
 
 Entropy with cosine logits at temperature 1: the seed says the row entropy never falls below
 about log n - 0.3278, the value of the half +1 / half -1 case. That case is computed exactly
@@ -11,6 +11,7 @@ show the seed's one failing.
 Noise: with i.i.d. logit noise the softmax output approaches the clean one as n grows (the
 E[e^eps] factor cancels only in the limit), and so does kernel attention with the per-key factor.
 """
+
 import math
 
 import pytest
@@ -97,8 +98,10 @@ def test_entropy_never_falls_below_the_true_bound(d):
 
 
 def test_true_bound_is_approached_as_n_grows():
-    best = {n: min(float(cosine_entropy_gap(*plus_minus_keys(n, m))) for m in range(n // 10, n // 3))
-            for n in (10, 100, 1000)}
+    best = {
+        n: min(float(cosine_entropy_gap(*plus_minus_keys(n, m))) for m in range(n // 10, n // 3))
+        for n in (10, 100, 1000)
+    }
     assert best[10] > best[100] > best[1000] >= TRUE_GAP - FP32
     assert best[1000] - TRUE_GAP < FP32
 

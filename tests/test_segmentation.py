@@ -1,4 +1,5 @@
 """vitzoo.segmentation: shapes data, folder data module, and an export fine-tuned until it segments."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,21 @@ import vitzoo
 from conftest import compose_config
 from vitzoo.export import export_model
 from vitzoo.training import train
-from vitzoo.segmentation import (SHAPE_CLASSES, LabelMap, SegmentationDataModule, SegmentationFolder,
-                                 SegmentationModule, SegmentationNet, create_backbone, find_samples,
-                                 make_shapes_dataset)
+from vitzoo.segmentation import (
+    SHAPE_CLASSES,
+    LabelMap,
+    SegmentationDataModule,
+    SegmentationFolder,
+    SegmentationModule,
+    SegmentationNet,
+    create_backbone,
+    find_samples,
+    make_shapes_dataset,
+)
 
-QUIET_TRAINER = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False)
+QUIET_TRAINER = dict(
+    accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +59,9 @@ def test_shapes_masks_mark_the_drawn_shapes(tmp_path):
 
 def test_folder_yields_fixed_size_train_crops_and_native_size_val_images(tmp_path):
     root = make_shapes_dataset(tmp_path, num_images=10, seed=2)
-    dm = SegmentationDataModule(root, num_classes=4, img_size=32, batch_size=4, val_fraction=0.3, num_workers=0,
-                                repeats=3)
+    dm = SegmentationDataModule(
+        root, num_classes=4, img_size=32, batch_size=4, val_fraction=0.3, num_workers=0, repeats=3
+    )
     dm.setup()
     assert (len(dm.train_dataset), len(dm.val_dataset)) == (7 * 3, 3)  # repeats: 3 passes over 7 images
     images, masks = next(iter(dm.train_dataloader()))
@@ -105,9 +116,18 @@ def _miou(module: SegmentationModule, loader) -> float:
 def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
     """configs/segment_shapes.yaml on the export: mIoU from ~chance to well above it in 10 CPU epochs."""
     torch.manual_seed(0)
-    cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'shapes'}", "data.num_images=80", "data.img_size=32",
-                                    f"module.backbone={export_dir}", "module.backbone_lr_ratio=1.0",
-                                    "module.warmup_epochs=0.5"], name="segment_shapes")
+    cfg = compose_config(
+        tmp_path,
+        [
+            f"data.root={tmp_path / 'shapes'}",
+            "data.num_images=80",
+            "data.img_size=32",
+            f"module.backbone={export_dir}",
+            "module.backbone_lr_ratio=1.0",
+            "module.warmup_epochs=0.5",
+        ],
+        name="segment_shapes",
+    )
     dm = instantiate(cfg.data)
     dm.prepare_data()
     dm.setup()
@@ -128,10 +148,21 @@ def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
 def test_train_py_runs_the_segment_config(export_dir, tmp_path, caplog):
     """`python train.py --config-name segment_shapes module.backbone=<export>`: the same train() as classification;
     it records and logs IoU / Dice per named class beside the majority baseline."""
-    cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'shapes'}", "data.num_images=24", "data.img_size=32",
-                                    f"module.backbone={export_dir}", "trainer.max_epochs=1", "trainer.accelerator=cpu",
-                                    "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
-                                    "data.class_names=[ground,box,oval,wedge]"], name="segment_shapes")
+    cfg = compose_config(
+        tmp_path,
+        [
+            f"data.root={tmp_path / 'shapes'}",
+            "data.num_images=24",
+            "data.img_size=32",
+            f"module.backbone={export_dir}",
+            "trainer.max_epochs=1",
+            "trainer.accelerator=cpu",
+            "callbacks.rich_progress_bar=null",
+            "+trainer.enable_progress_bar=false",
+            "data.class_names=[ground,box,oval,wedge]",
+        ],
+        name="segment_shapes",
+    )
     with caplog.at_level(logging.INFO, logger="vitzoo"):
         metrics = train(cfg)
     assert 0.0 <= metrics["val/miou"] <= 1.0 and metrics["global_step"] > 0
@@ -142,9 +173,11 @@ def test_train_py_runs_the_segment_config(export_dir, tmp_path, caplog):
         assert 0.0 <= recorded[f"val/{key}"] <= 1.0 and 0.0 <= recorded[f"val/majority/{key}"] <= 1.0, key
     assert recorded["val/majority/iou/ground"] == recorded["val/majority/pixel_acc"] > 0.5  # background dominates
     closing = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("validation after epoch 0: "))
-    shown = [f"{name} {recorded[f'val/iou/{name}']:.3f} / {recorded[f'val/dice/{name}']:.3f} "
-             f"({recorded[f'val/majority/iou/{name}']:.3f} / {recorded[f'val/majority/dice/{name}']:.3f})"
-             for name in names]
+    shown = [
+        f"{name} {recorded[f'val/iou/{name}']:.3f} / {recorded[f'val/dice/{name}']:.3f} "
+        f"({recorded[f'val/majority/iou/{name}']:.3f} / {recorded[f'val/majority/dice/{name}']:.3f})"
+        for name in names
+    ]
     assert f"IoU / Dice (in brackets: ground everywhere): {', '.join(shown)}; mean " in closing
     accuracy = f"pixel accuracy {recorded['val/pixel_acc']:.3f} ({recorded['val/majority/pixel_acc']:.3f})"
     assert closing.endswith(accuracy)
@@ -155,8 +188,12 @@ def test_train_py_runs_the_segment_config(export_dir, tmp_path, caplog):
 def test_cifar_stem_resnet_export_segments_through_vitzoo(tmp_path):
     """smp rejects the CIFAR stem's stride-1..8 pyramid (docs/export.md); vitzoo's decoder takes any pyramid."""
     torch.manual_seed(0)
-    export_model(vitzoo.create_model("nonlocal_resnet18_cifar", attention="linear", num_classes=0,
-                                     channels=[8, 16, 32, 64], stem_width=8), tmp_path)
+    export_model(
+        vitzoo.create_model(
+            "nonlocal_resnet18_cifar", attention="linear", num_classes=0, channels=[8, 16, 32, 64], stem_width=8
+        ),
+        tmp_path,
+    )
     backbone = create_backbone(str(tmp_path), out_indices=(1, 2, 3, 4))
     assert backbone.feature_info.reduction() == [1, 2, 4, 8]
     net = SegmentationNet(backbone, num_classes=3).eval()

@@ -1,4 +1,5 @@
 """Sliding-window inference, against references written from its definition."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def test_windows_cover_the_length_and_stay_inside(length, window, step):
     starts = window_starts(length, window, step)
     covered = torch.zeros(max(length, window), dtype=torch.bool)
     for s in starts:
-        covered[s:s + window] = True
+        covered[s : s + window] = True
     assert covered[:length].all() and starts[0] == 0 and starts == sorted(set(starts))
     assert starts[-1] == max(0, length - window)  # the last window is flush with the end, never past it
     assert all(b - a <= step for a, b in zip(starts, starts[1:]))

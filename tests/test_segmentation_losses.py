@@ -1,4 +1,5 @@
 """module.loss / module.class_weights: each loss trains, weights come from the masks' histogram, bad names fail."""
+
 from __future__ import annotations
 
 import logging
@@ -21,15 +22,16 @@ def _thin_lines(n: int = 4, size: int = 32, seed: int = 0):
     masks = torch.zeros(n, size, size, dtype=torch.long)
     for i in range(n):
         for at in torch.randint(0, size - 2, (2,), generator=g).tolist():
-            masks[i, at:at + 2] = 1
-            masks[i, :, (at * 7) % (size - 2):(at * 7) % (size - 2) + 2] = 1
+            masks[i, at : at + 2] = 1
+            masks[i, :, (at * 7) % (size - 2) : (at * 7) % (size - 2) + 2] = 1
     images = 0.7 - 0.4 * masks[:, None].float() + 0.1 * torch.randn(n, 1, size, size, generator=g)
     masks[0, :3, :3] = 255  # ignored pixels
     return images, masks
 
 
-@pytest.mark.parametrize("name,weights", [*((n, None) for n in LOSSES), ("ce", [1.0, 3.0]), ("ce+dice", [0.6, 2.5]),
-                                          ("focal", [1.0, 3.0])])
+@pytest.mark.parametrize(
+    "name,weights", [*((n, None) for n in LOSSES), ("ce", [1.0, 3.0]), ("ce+dice", [0.6, 2.5]), ("focal", [1.0, 3.0])]
+)
 def test_each_loss_decreases_on_a_tiny_set(name, weights):
     torch.manual_seed(0)
     images, masks = _thin_lines()
@@ -87,10 +89,17 @@ def test_bad_loss_options_name_the_choices():
 
 def test_balanced_weights_come_from_the_training_masks_and_start_up_says_so(export_dir, tmp_path, caplog):  # noqa: F811
     root = make_shapes_dataset(tmp_path / "shapes", num_images=8, size=(32, 40), seed=3)
-    dm = SegmentationDataModule(str(root), num_classes=4, img_size=32, batch_size=4, num_workers=0,
-                                class_names=["bg", "rect", "oval", "wedge"])
-    module = SegmentationModule(str(export_dir), 4, class_names=["bg", "rect", "oval", "wedge"], loss="ce+dice",
-                                class_weights="balanced", decoder_channels=16)
+    dm = SegmentationDataModule(
+        str(root), num_classes=4, img_size=32, batch_size=4, num_workers=0, class_names=["bg", "rect", "oval", "wedge"]
+    )
+    module = SegmentationModule(
+        str(export_dir),
+        4,
+        class_names=["bg", "rect", "oval", "wedge"],
+        loss="ce+dice",
+        class_weights="balanced",
+        decoder_channels=16,
+    )
     with caplog.at_level(logging.INFO, logger="vitzoo"):
         L.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0, **QUIET_TRAINER).fit(module, datamodule=dm)
     counts = dm.class_pixels["train"]
@@ -102,4 +111,5 @@ def test_balanced_weights_come_from_the_training_masks_and_start_up_says_so(expo
     with pytest.raises(ValueError, match="class_weights=balanced reads the training masks' histogram"):
         L.Trainer(max_epochs=1, limit_train_batches=1, **QUIET_TRAINER).fit(
             SegmentationModule(str(export_dir), 4, class_weights="balanced", decoder_channels=16),
-            train_dataloaders=dm.train_dataloader())
+            train_dataloaders=dm.train_dataloader(),
+        )

@@ -7,6 +7,7 @@ checkpoint_path='', in_channels=3, init_cfg=None, **kwargs`` and builds
 checkpoint_path=checkpoint_path, **kwargs)``: the test makes that same call with the recipe's backbone
 options on an export, and checks the neck and head channel counts and the preprocessor statistics.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,11 +33,18 @@ def _recipe() -> dict:
     return namespace
 
 
-def _timm_backbone(model_name, features_only=True, pretrained=True, checkpoint_path="", in_channels=3,
-                   init_cfg=None, **kwargs):
+def _timm_backbone(
+    model_name, features_only=True, pretrained=True, checkpoint_path="", in_channels=3, init_cfg=None, **kwargs
+):
     """TIMMBackbone.__init__'s timm call, as in mmseg 1.2.2."""
-    return timm.create_model(model_name=model_name, features_only=features_only, pretrained=pretrained,
-                             in_chans=in_channels, checkpoint_path=checkpoint_path, **kwargs)
+    return timm.create_model(
+        model_name=model_name,
+        features_only=features_only,
+        pretrained=pretrained,
+        in_chans=in_channels,
+        checkpoint_path=checkpoint_path,
+        **kwargs,
+    )
 
 
 def test_readme_mmseg_recipe_builds_the_export_through_timm_backbone_call(tmp_path):
@@ -55,8 +63,9 @@ def test_readme_mmseg_recipe_builds_the_export_through_timm_backbone_call(tmp_pa
     C = recipe["C"]
     assert config["num_features"] == C
     net = _timm_backbone(**{**backbone, "model_name": f"local-dir:{export}"})
-    torch.testing.assert_close(net.state_dict()["model.patch_embed.proj.weight"],
-                               classifier.state_dict()["patch_embed.proj.weight"])  # the export's weights
+    torch.testing.assert_close(
+        net.state_dict()["model.patch_embed.proj.weight"], classifier.state_dict()["patch_embed.proj.weight"]
+    )  # the export's weights
     maps = net(torch.rand(1, 3, 128, 128))
     assert [tuple(m.shape) for m in maps] == [(1, C, 32, 32)] * 4  # stride 4 (the patch) at 4 depths
 

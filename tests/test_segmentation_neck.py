@@ -1,4 +1,5 @@
 """module.neck=simple_fpn: ViTDet's pyramid from a plain ViT's last map, at native resolution in sliding windows."""
+
 from __future__ import annotations
 
 import pytest
@@ -46,5 +47,6 @@ def test_simple_fpn_refuses_a_backbone_with_its_own_pyramid():
     with pytest.raises(ValueError, match=r"module.neck=simple_fpn .* has its own \(strides \[4, 8, 16, 32\]\); drop"):
         SegmentationNet(backbone, 3, neck="simple_fpn")
     with pytest.raises(ValueError, match=r"module.neck='fpn'; choose one of simple_fpn or null"):
-        SegmentationNet(vitzoo.create_model("vit_cifar", features_only=True, depth=1, embed_dim=32, num_heads=1),
-                        3, neck="fpn")
+        SegmentationNet(
+            vitzoo.create_model("vit_cifar", features_only=True, depth=1, embed_dim=32, num_heads=1), 3, neck="fpn"
+        )

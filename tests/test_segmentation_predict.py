@@ -1,4 +1,5 @@
 """vitzoo.segmentation.predict: the plain-Python prediction API answers what the module's own inference answers."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ import torch
 from PIL import Image
 
 from test_segmentation import QUIET_TRAINER, export_dir  # noqa: F401  (the tiny linear-attention ViT export)
-from vitzoo.segmentation import (SegmentationDataModule, SegmentationModule, load_segmenter, predict,
-                                 sliding_window_probs)
+from vitzoo.segmentation import (
+    SegmentationDataModule,
+    SegmentationModule,
+    load_segmenter,
+    predict,
+    sliding_window_probs,
+)
 from vitzoo.segmentation.thin import make_thin_dataset
 
 
@@ -23,10 +29,25 @@ def checkpoint(export_dir, tmp_path_factory) -> Path:  # noqa: F811
     """A --config-name segment style checkpoint: simple_fpn, ce+dice, balanced weights, two training steps."""
     tmp_path = tmp_path_factory.mktemp("seg")
     root = make_thin_dataset(tmp_path / "thin", n=5, size=64, seed=0)
-    dm = SegmentationDataModule(str(root), num_classes=2, class_names=["interior", "wall"], img_size=32,
-                                batch_size=4, num_workers=0, mask_values={0: 1, 255: 0})
-    module = SegmentationModule(str(export_dir), 2, class_names=["interior", "wall"], decoder_channels=16,
-                                neck="simple_fpn", loss="ce+dice", class_weights="balanced", window=32)
+    dm = SegmentationDataModule(
+        str(root),
+        num_classes=2,
+        class_names=["interior", "wall"],
+        img_size=32,
+        batch_size=4,
+        num_workers=0,
+        mask_values={0: 1, 255: 0},
+    )
+    module = SegmentationModule(
+        str(export_dir),
+        2,
+        class_names=["interior", "wall"],
+        decoder_channels=16,
+        neck="simple_fpn",
+        loss="ce+dice",
+        class_weights="balanced",
+        window=32,
+    )
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, **QUIET_TRAINER)
     trainer.fit(module, datamodule=dm)
     trainer.save_checkpoint(tmp_path / "seg.ckpt")
@@ -35,8 +56,9 @@ def checkpoint(export_dir, tmp_path_factory) -> Path:  # noqa: F811
 
 def test_predict_writes_the_masks_the_module_computes(checkpoint, tmp_path):
     test = make_thin_dataset(tmp_path / "test", n=2, size=72, seed=9)  # no multiple of the window
-    summary = predict(str(checkpoint), str(test / "image"), str(tmp_path / "out"), masks=str(test / "label"),
-                      overlap=0.5)
+    summary = predict(
+        str(checkpoint), str(test / "image"), str(tmp_path / "out"), masks=str(test / "label"), overlap=0.5
+    )
     loaded, data = load_segmenter(str(checkpoint))
     assert loaded.hparams.neck == "simple_fpn" and data["mask_values"] == {0: 1, 255: 0}
     confusion = np.zeros((2, 2), np.int64)
@@ -58,8 +80,19 @@ def test_predict_writes_the_masks_the_module_computes(checkpoint, tmp_path):
 def test_predict_py_is_the_same_call(checkpoint, tmp_path):
     test = make_thin_dataset(tmp_path / "test", n=1, size=40, seed=3)
     expected = predict(str(checkpoint), str(test / "image"), str(tmp_path / "api"), masks=str(test / "label"))
-    subprocess.run([sys.executable, "predict.py", f"ckpt_path={checkpoint}", f"input={test / 'image'}",
-                    f"masks={test / 'label'}", f"output={tmp_path / 'cli'}", f"hydra.run.dir={tmp_path / 'run'}"],
-                   check=True, cwd=Path(__file__).parents[1], capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "predict.py",
+            f"ckpt_path={checkpoint}",
+            f"input={test / 'image'}",
+            f"masks={test / 'label'}",
+            f"output={tmp_path / 'cli'}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        check=True,
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+    )
     assert (tmp_path / "cli" / "0000.png").read_bytes() == (tmp_path / "api" / "0000.png").read_bytes()
     assert json.loads((tmp_path / "cli" / "predict.json").read_text())["scores"] == expected["scores"]

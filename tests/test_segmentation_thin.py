@@ -1,4 +1,5 @@
 """python -m vitzoo.segmentation.thin: thin cell walls, deterministic by seed, read by the segmentation data module."""
+
 from __future__ import annotations
 
 import cv2
@@ -27,8 +28,9 @@ def test_generated_masks_are_thin_walls_under_dark_lines(tmp_path):
 
 
 def test_the_same_seed_writes_the_same_files(tmp_path):
-    a, b, c = (make_thin_dataset(tmp_path / name, n=2, size=64, seed=seed) for name, seed in
-               (("a", 0), ("b", 0), ("c", 1)))
+    a, b, c = (
+        make_thin_dataset(tmp_path / name, n=2, size=64, seed=seed) for name, seed in (("a", 0), ("b", 0), ("c", 1))
+    )
     for folder in ("image", "label"):
         for name in ("0000.png", "0001.png"):
             assert (a / folder / name).read_bytes() == (b / folder / name).read_bytes()
@@ -39,8 +41,15 @@ def test_the_same_seed_writes_the_same_files(tmp_path):
 
 def test_the_folder_loads_through_the_segmentation_data_module(tmp_path):
     root = make_thin_dataset(tmp_path / "thin", n=5, size=96, seed=2)
-    dm = SegmentationDataModule(str(root), num_classes=2, class_names=["interior", "wall"], img_size=64,
-                                batch_size=2, num_workers=0, mask_values={0: 1, 255: 0})
+    dm = SegmentationDataModule(
+        str(root),
+        num_classes=2,
+        class_names=["interior", "wall"],
+        img_size=64,
+        batch_size=2,
+        num_workers=0,
+        mask_values={0: 1, 255: 0},
+    )
     dm.setup()
     interior, wall, ignored = dm.class_pixels["train"]
     expected = sum(w.sum() for w in _walls(root)) - dm.class_pixels["val"][1]

@@ -1,4 +1,5 @@
 """data=shards and python -m vitzoo.data.pack: packing, refusals, disjoint ranks, learning, mid-epoch resume."""
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,21 @@ def packed(tmp_path_factory) -> Path:
 
 
 def _run(tmp_path: Path, root: Path, *extra: str) -> list:
-    return ["data=shards", f"data.root={root / 'shards'}", "data.img_size=16", "data.batch_size=15",
-            "data.num_workers=0", "model=vit_softmax", "+model.kwargs.depth=1", "+model.kwargs.embed_dim=32",
-            "+model.kwargs.num_heads=2", "debug=quiet", "module.optim.lr=3e-3", "callbacks.export_best=null", *extra]
+    return [
+        "data=shards",
+        f"data.root={root / 'shards'}",
+        "data.img_size=16",
+        "data.batch_size=15",
+        "data.num_workers=0",
+        "model=vit_softmax",
+        "+model.kwargs.depth=1",
+        "+model.kwargs.embed_dim=32",
+        "+model.kwargs.num_heads=2",
+        "debug=quiet",
+        "module.optim.lr=3e-3",
+        "callbacks.export_best=null",
+        *extra,
+    ]
 
 
 def test_pack_writes_litdata_splits_and_the_classes(packed):
@@ -73,8 +86,12 @@ def test_pack_refuses_what_it_cannot_read_with_one_line(tmp_path, capsys):
     (broken / "train" / "c1" / "9.jpg").write_bytes(b"not an image")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
-    cases = {tmp_path / "missing": "does not exist", flat: "is not in a class folder",
-             broken: r"cannot read image .*9\.jpg.*remove it or convert it", tmp_path / "notes.txt": "nor a tar"}
+    cases = {
+        tmp_path / "missing": "does not exist",
+        flat: "is not in a class folder",
+        broken: r"cannot read image .*9\.jpg.*remove it or convert it",
+        tmp_path / "notes.txt": "nor a tar",
+    }
     (tmp_path / "notes.txt").write_text("hello")
     for src, reason in cases.items():
         assert pack_main([str(src), str(tmp_path / "out")]) == 2
@@ -115,12 +132,21 @@ def test_a_run_resumed_mid_epoch_from_shards_equals_the_uninterrupted_one(packed
     """Crash after step 9 of 12 (epoch 1, batch 3); the resumed run logs and ends with the uninterrupted run's
     numbers: litdata's loader resumes its position (one loader worker), each image's (RandAugment, erasing) draw
     is seeded."""
-    base = _run(tmp_path, packed, "trainer.max_epochs=2", "data.num_workers=1", "data.img_size=32",
-                "callbacks.attention_entropy=null")
+    base = _run(
+        tmp_path,
+        packed,
+        "trainer.max_epochs=2",
+        "data.num_workers=1",
+        "data.img_size=32",
+        "callbacks.attention_entropy=null",
+    )
     full = train(compose_config(tmp_path / "full", base))
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(compose_config(tmp_path / "crash", [*base, "+callbacks.crash._target_=conftest.CrashAtStep",
-                                                  "+callbacks.crash.step=9"]))
+        train(
+            compose_config(
+                tmp_path / "crash", [*base, "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=9"]
+            )
+        )
     last = tmp_path / "crash" / "checkpoints" / "last.ckpt"
     crashed = read_checkpoint(last)
     assert crashed["global_step"] == 9 and crashed["train_loader"]["num_samples_yielded"] == 45
@@ -142,11 +168,31 @@ def test_the_imagenet_recipe_composes_with_shards_and_says_what_it_cannot_apply(
 def test_loader_benchmark_times_both_paths_and_compares_sizes(tmp_path, capsys):
     from loader_throughput import main as benchmark
 
-    benchmark(["--work", str(tmp_path), "--images", "24", "--classes", "3", "--measure", "8", "--batch-size", "4",
-               "--workers", "0", "--rounds", "1", "--out", str(tmp_path / "table")])
+    benchmark(
+        [
+            "--work",
+            str(tmp_path),
+            "--images",
+            "24",
+            "--classes",
+            "3",
+            "--measure",
+            "8",
+            "--batch-size",
+            "4",
+            "--workers",
+            "0",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path / "table"),
+        ]
+    )
     rows = (tmp_path / "table.csv").read_text().splitlines()
-    assert rows[0] == "path,workers,images_per_s,vs_imagefolder" and [r.split(",")[:2] for r in rows[1:]] == \
-        [["imagefolder", "0"], ["shards", "0"]]
+    assert rows[0] == "path,workers,images_per_s,vs_imagefolder" and [r.split(",")[:2] for r in rows[1:]] == [
+        ["imagefolder", "0"],
+        ["shards", "0"],
+    ]
     assert float(rows[1].split(",")[3]) == 1.0 and float(rows[2].split(",")[2]) > 0
     assert "shard folder" in (tmp_path / "table.txt").read_text() and "vs folder" in capsys.readouterr().out
 

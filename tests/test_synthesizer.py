@@ -1,4 +1,5 @@
 """Synthesizer family: each variant against softmax(B) V written from the formula (float64)."""
+
 import copy
 import math
 
@@ -27,8 +28,15 @@ VARIANTS = {
 
 def build(spec, grid=GRID, prefix=PREFIX, seed=0, **kw):
     torch.manual_seed(seed)
-    m = build_attention(spec, DIM, num_heads=HEADS, num_tokens=prefix + grid[0] * grid[1],
-                        num_prefix_tokens=prefix, grid_size=grid, **kw).double()
+    m = build_attention(
+        spec,
+        DIM,
+        num_heads=HEADS,
+        num_tokens=prefix + grid[0] * grid[1],
+        num_prefix_tokens=prefix,
+        grid_size=grid,
+        **kw,
+    ).double()
     with torch.no_grad():  # random (nonzero) biases and mixture weights
         for name, p in m.named_parameters():
             if name.endswith("bias") or name.endswith("synth.weight"):
@@ -51,7 +59,7 @@ def ref_part_logits(kind, gen, x, q, k):
     if kind == "factorized_dense":
         a, b = GRID
         rows = ref_dense_rows(gen.fc1, gen.fc2, x)
-        pre, b1, b2 = rows[..., :PREFIX], rows[..., PREFIX:PREFIX + a], rows[..., PREFIX + a:]
+        pre, b1, b2 = rows[..., :PREFIX], rows[..., PREFIX : PREFIX + a], rows[..., PREFIX + a :]
         # H_A repeats each entry of B1 b times, H_B tiles B2 a times: one grid key (r, c) per pair
         return torch.cat([pre, b1.repeat_interleave(b, dim=-1) * b2.repeat(1, 1, 1, a)], dim=-1)
     if kind == "factorized_random":
@@ -74,8 +82,12 @@ def ref_logits(m, x):
     if hasattr(m.synth, "parts"):
         alpha = torch.exp(m.synth.weight) / torch.exp(m.synth.weight).sum()
         return sum(a * ref_part_logits(kind, gen, x, q, k) for a, (kind, gen) in zip(alpha, m.synth.parts.items()))
-    kind = {"DenseLogits": "dense", "RandomLogits": "random", "FactorizedDenseLogits": "factorized_dense",
-            "FactorizedRandomLogits": "factorized_random"}[type(m.synth).__name__]
+    kind = {
+        "DenseLogits": "dense",
+        "RandomLogits": "random",
+        "FactorizedDenseLogits": "factorized_dense",
+        "FactorizedRandomLogits": "factorized_random",
+    }[type(m.synth).__name__]
     return ref_part_logits(kind, m.synth, x, q, k)
 
 
@@ -250,7 +262,9 @@ def test_interpolate_at_the_built_grid_is_exactly_the_plain_result(variant):
 def test_interpolate_false_refuses_another_grid_of_the_same_size():
     plain = build({**VARIANTS["random"], "interpolate": False})
     plain.token_grid = (4, 3)  # 12 grid tokens like the built 3 x 4, but transposed
-    with pytest.raises(ValueError, match="built for 1 prefix \\+ 3x4 grid but got 1 prefix \\+ 4x3 grid.*interpolate: true"):
+    with pytest.raises(
+        ValueError, match="built for 1 prefix \\+ 3x4 grid but got 1 prefix \\+ 4x3 grid.*interpolate: true"
+    ):
         plain(torch.randn(1, N, DIM, dtype=torch.float64))
 
 
@@ -270,8 +284,14 @@ def test_vit_tells_its_layers_the_grid_height_first():
 
 
 # -- backbones --------------------------------------------------------------------------------------
-MODEL_SPECS = [{"name": "synth_dense", "hidden": 32}, "synth_random", {"name": "synth_random", "trainable": False},
-               "synth_factorized_dense", "synth_factorized_random", {"name": "synth_mix", "parts": ALL_PARTS}]
+MODEL_SPECS = [
+    {"name": "synth_dense", "hidden": 32},
+    "synth_random",
+    {"name": "synth_random", "trainable": False},
+    "synth_factorized_dense",
+    "synth_factorized_random",
+    {"name": "synth_mix", "parts": ALL_PARTS},
+]
 
 
 @pytest.mark.parametrize("spec", MODEL_SPECS, ids=str)
@@ -301,8 +321,9 @@ def test_state_dict_from_another_grid_is_resampled_on_load(spec):
     small = vitzoo.create_model("vit_cifar", attention=spec, depth=2).eval()
     big = vitzoo.create_model("vit_cifar", attention=spec, depth=2, img_size=64).eval()
     state = small.state_dict()
-    state["pos_embed"] = resample_abs_pos_embed(state["pos_embed"], new_size=(16, 16), old_size=(8, 8),
-                                                num_prefix_tokens=1)
+    state["pos_embed"] = resample_abs_pos_embed(
+        state["pos_embed"], new_size=(16, 16), old_size=(8, 8), num_prefix_tokens=1
+    )
     big = copy.deepcopy(big)  # the load hook must survive a copy (timm EMA, Lightning)
     big.load_state_dict(state)
     layouts = [b for n, b in big.named_buffers() if n.endswith("layout")]
@@ -340,7 +361,7 @@ def test_custom_factors_compute_the_outer_product():
     m = build({"name": "synth_factorized_dense", "factors": [2, 6]})
     x = torch.randn(1, N, DIM, dtype=torch.float64)
     rows = ref_dense_rows(m.synth.fc1, m.synth.fc2, x)
-    pre, b1, b2 = rows[..., :PREFIX], rows[..., PREFIX:PREFIX + 2], rows[..., PREFIX + 2:]
+    pre, b1, b2 = rows[..., :PREFIX], rows[..., PREFIX : PREFIX + 2], rows[..., PREFIX + 2 :]
     grid = torch.einsum("bhnr,bhnc->bhnrc", b1, b2).flatten(-2)
     torch.testing.assert_close(m(x), ref_output(m, x, torch.cat([pre, grid], -1)))
 
@@ -353,6 +374,8 @@ def test_gradcheck_through_the_logit_generators(variant):
     params = [p for p in m.parameters() if p.requires_grad]
 
     def fn(x, *values):
-        return torch.func.functional_call(m, dict(zip([n for n, p in m.named_parameters() if p.requires_grad],
-                                                      values)), (x,))
+        return torch.func.functional_call(
+            m, dict(zip([n for n, p in m.named_parameters() if p.requires_grad], values)), (x,)
+        )
+
     assert torch.autograd.gradcheck(fn, (x, *params), fast_mode=True)

@@ -1,4 +1,5 @@
 """The Lightning module, schedule, checkpoints, resume, evaluation and DDP, driven through configs/."""
+
 from __future__ import annotations
 
 import json
@@ -17,24 +18,34 @@ from lightning.pytorch.callbacks import RichProgressBar
 from conftest import SyncOps, compose_config, run_python
 from vitzoo.data import DigitsDataModule
 from vitzoo.robustness.run import evaluate_checkpoints
-from vitzoo.training import (ImageClassifier, ThrottledProgressBar, build_classifier, build_optimizer, evaluate,
-                             load_classifier, read_checkpoint, train, warmup_cosine)
+from vitzoo.training import (
+    ImageClassifier,
+    ThrottledProgressBar,
+    build_classifier,
+    build_optimizer,
+    evaluate,
+    load_classifier,
+    read_checkpoint,
+    train,
+    warmup_cosine,
+)
 
 
 def test_warmup_cosine_shape():
     total, warmup, floor = 100, 10, 0.05
     f = [warmup_cosine(s, total, warmup, floor) for s in range(total + 1)]
     assert f[0] == pytest.approx(1 / 11) and f[warmup] == pytest.approx(1.0)
-    assert all(a < b for a, b in zip(f[:warmup], f[1:warmup + 1]))          # rises during warmup
-    assert all(a >= b for a, b in zip(f[warmup:], f[warmup + 1:]))           # then only falls
+    assert all(a < b for a, b in zip(f[:warmup], f[1 : warmup + 1]))  # rises during warmup
+    assert all(a >= b for a, b in zip(f[warmup:], f[warmup + 1 :]))  # then only falls
     assert f[total] == pytest.approx(floor)
     mid = warmup + (total - warmup) // 2
     assert f[mid] == pytest.approx(floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * 0.5)))
 
 
 def test_no_weight_decay_on_biases_norms_and_tokens():
-    module = ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16,
-                             model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    module = ImageClassifier(
+        "vit_cifar", "softmax", num_classes=10, img_size=16, model_kwargs=dict(depth=1, embed_dim=32, num_heads=2)
+    )
     optimizer = build_optimizer(module.model, lr=1e-3, weight_decay=0.05)
     names = {id(p): n for n, p in module.model.named_parameters()}
     for group in optimizer.param_groups:
@@ -48,8 +59,9 @@ def test_fused_adamw_steps_like_the_default_one():
     results = []
     for fused in (None, True):
         torch.manual_seed(0)
-        module = ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16,
-                                 model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+        module = ImageClassifier(
+            "vit_cifar", "softmax", num_classes=10, img_size=16, model_kwargs=dict(depth=1, embed_dim=32, num_heads=2)
+        )
         optimizer = build_optimizer(module.model, lr=1e-2, weight_decay=0.05, fused=fused)
         assert bool(optimizer.defaults.get("fused")) == bool(fused)
         x, y = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.arange(8) % 10
@@ -58,9 +70,21 @@ def test_fused_adamw_steps_like_the_default_one():
             torch.nn.functional.cross_entropy(module.model(x), y).backward()
             optimizer.step()
         results.append(torch.cat([p.detach().flatten() for p in module.model.parameters()]))
-    assert not torch.equal(results[0], torch.cat([p.detach().flatten() for p in ImageClassifier(
-        "vit_cifar", "softmax", num_classes=10, img_size=16, model_kwargs=dict(depth=1, embed_dim=32,
-                                                                               num_heads=2)).model.parameters()]))
+    assert not torch.equal(
+        results[0],
+        torch.cat(
+            [
+                p.detach().flatten()
+                for p in ImageClassifier(
+                    "vit_cifar",
+                    "softmax",
+                    num_classes=10,
+                    img_size=16,
+                    model_kwargs=dict(depth=1, embed_dim=32, num_heads=2),
+                ).model.parameters()
+            ]
+        ),
+    )
     diff = (results[1] - results[0]).abs()
     # Float rounding differs between the kernels; Adam divides by sqrt(v) + eps, which magnifies it only where
     # a gradient is near eps (0.3% of the weights here). A wrong formula would move every weight by ~lr.
@@ -77,7 +101,7 @@ def test_digits_training_learns_and_checkpoint_rebuilds_the_model(tmp_path):
     """A real (small) run: accuracy rises far above chance; the checkpoint alone rebuilds the net."""
     cfg = compose_config(tmp_path, ["model=vit_softmax", "debug=digits"])
     metrics = train(cfg)
-    assert metrics["val/acc1"] > 0.6, metrics          # 10 classes: chance is 0.1
+    assert metrics["val/acc1"] > 0.6, metrics  # 10 classes: chance is 0.1
     assert metrics["val/acc5"] >= metrics["val/acc1"]
     assert metrics["train/loss_epoch"] < 1.6
     # Checkpoints and TensorBoard files are where the README says.
@@ -141,13 +165,18 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop):
     assert full["global_step"] == 16
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(compose_config(tmp_path / "crash", [*base, "+callbacks.crash._target_=conftest.CrashAtStep",
-                                                  "+callbacks.crash.step=11"]))
+        train(
+            compose_config(
+                tmp_path / "crash",
+                [*base, "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=11"],
+            )
+        )
     last = tmp_path / "crash" / "checkpoints" / "last.ckpt"
     crashed = read_checkpoint(last)
     assert crashed["global_step"] == (11 if stop == "mid-epoch" else 8)
-    assert crashed["train_loader"] == ({"epoch": 1, "batches_taken": 3} if stop == "mid-epoch" else
-                                       {"epoch": 0, "batches_taken": 8})
+    assert crashed["train_loader"] == (
+        {"epoch": 1, "batches_taken": 3} if stop == "mid-epoch" else {"epoch": 0, "batches_taken": 8}
+    )
 
     resumed = train(compose_config(tmp_path / "resumed", [*base, f"ckpt_path={last}"]))
     same = {key: value for key, value in full.items() if key.startswith(("train/", "val/"))}
@@ -167,9 +196,13 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
     assert full["global_step"] == 16
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(compose_config(tmp_path / "crash", [*base, "+callbacks.crash._target_=conftest.CrashAtStep",
-                                                  "+callbacks.crash.step=11"]))
-    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"   # written by save_on_exception, mid epoch 2
+        train(
+            compose_config(
+                tmp_path / "crash",
+                [*base, "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=11"],
+            )
+        )
+    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"  # written by save_on_exception, mid epoch 2
     crashed = read_checkpoint(last)
     assert crashed["global_step"] == 11 and crashed["epoch"] == 1
     assert crashed["lr_schedulers"][0]["last_epoch"] == 11
@@ -177,8 +210,11 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
     # Another attention has weights of the same shapes: resuming with it must stop, not train it silently.
     (tmp_path / "crash" / ".hydra").mkdir()
     (tmp_path / "crash" / ".hydra" / "overrides.yaml").write_text("- model=vit_linear\n- data=synthetic\n")
-    with pytest.raises(ValueError, match=r"was trained with attention=.*'linear'.*this run: .*'softmax'.*"
-                                         r"started with 'model=vit_linear data=synthetic'"):
+    with pytest.raises(
+        ValueError,
+        match=r"was trained with attention=.*'linear'.*this run: .*'softmax'.*"
+        r"started with 'model=vit_linear data=synthetic'",
+    ):
         train(compose_config(tmp_path / "other", [*base, "model=vit_softmax", f"ckpt_path={last}"]))
 
     resumed = train(compose_config(tmp_path / "resumed", [*base, f"ckpt_path={last}"]))
@@ -195,19 +231,37 @@ def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_p
 def test_last_ckpt_holds_the_final_step_when_the_best_epoch_is_an_earlier_one(tmp_path):
     # monitor=epoch, mode=min: the best checkpoint is epoch 0 whatever the accuracy does; the step
     # checkpoint last writes at step 15 of 16.
-    metrics = train(compose_config(tmp_path, ["debug=tiny_vit", "trainer.max_epochs=2", "data.num_train=128",
-                                              "callbacks.model_checkpoint.monitor=epoch",
-                                              "callbacks.model_checkpoint.mode=min",
-                                              "callbacks.step_checkpoint.every_n_train_steps=5"]))
+    metrics = train(
+        compose_config(
+            tmp_path,
+            [
+                "debug=tiny_vit",
+                "trainer.max_epochs=2",
+                "data.num_train=128",
+                "callbacks.model_checkpoint.monitor=epoch",
+                "callbacks.model_checkpoint.mode=min",
+                "callbacks.step_checkpoint.every_n_train_steps=5",
+            ],
+        )
+    )
     assert Path(metrics["best_ckpt"]).name == "best-epoch000.ckpt"
     assert read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == metrics["global_step"] == 16
 
 
 def test_mixup_ema_and_bf16_options_train(tmp_path):
-    cfg = compose_config(tmp_path, ["debug=tiny_vit", "callbacks=ema", "callbacks.rich_progress_bar=null",
-                                    "callbacks.ema.decay=0.5", "module.mixup.mixup_alpha=0.8",
-                                    "module.mixup.cutmix_alpha=1.0", "trainer.precision=bf16-mixed",
-                                    "trainer.max_epochs=1"])
+    cfg = compose_config(
+        tmp_path,
+        [
+            "debug=tiny_vit",
+            "callbacks=ema",
+            "callbacks.rich_progress_bar=null",
+            "callbacks.ema.decay=0.5",
+            "module.mixup.mixup_alpha=0.8",
+            "module.mixup.cutmix_alpha=1.0",
+            "trainer.precision=bf16-mixed",
+            "trainer.max_epochs=1",
+        ],
+    )
     metrics = train(cfg)
     assert math.isfinite(metrics["train/loss_epoch"]) and "train/acc1" not in metrics  # no hard labels under mixup
     # A checkpoint written during training holds the average as its state_dict, the raw weights beside it.
@@ -226,8 +280,14 @@ def test_ddp_two_cpu_processes_log_world_reduced_metrics(tmp_path):
     """trainer=ddp with 2 gloo processes: logged val metrics cover both halves of the val set."""
     run_dir = tmp_path / "ddp"
     data = ["debug=tiny_vit", "data.num_val=64"]
-    proc = _run("train.py", "trainer=ddp", "trainer.devices=2", *data, "callbacks.attention_entropy=null",
-                f"hydra.run.dir={run_dir}")
+    proc = _run(
+        "train.py",
+        "trainer=ddp",
+        "trainer.devices=2",
+        *data,
+        "callbacks.attention_entropy=null",
+        f"hydra.run.dir={run_dir}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = json.loads((run_dir / "metrics.json").read_text())
     assert logged["global_step"] == 2  # 64 images, batch 16 per process, 2 processes
@@ -272,12 +332,20 @@ def test_gpu_recipe_training_steps_make_no_host_syncs(tmp_path, bar):
     module = build_classifier(cfg, datamodule)
     if bar == "stock":  # the step loss logged with prog_bar, read by the stock bar
         log = module.log
-        module.log = lambda name, value, **kw: log(name, value, **{**kw, "prog_bar": kw.get("prog_bar") or
-                                                                   name == "train/loss_step"})
+        module.log = lambda name, value, **kw: log(
+            name, value, **{**kw, "prog_bar": kw.get("prog_bar") or name == "train/loss_step"}
+        )
     progress = ThrottledProgressBar(metrics_interval_s=3600) if bar == "throttled" else RichProgressBar()
     ops = SyncOps()
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, logger=False,
-                        enable_checkpointing=False, enable_model_summary=False, callbacks=[progress, _MarkSteps(ops)])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[progress, _MarkSteps(ops)],
+    )
     with ops:
         trainer.fit(module, datamodule=datamodule)
     steps = range(1, 19)  # 20 steps; the first reads the bar's metrics once, the last runs into the epoch's end
@@ -301,8 +369,10 @@ def test_channels_last_gives_the_same_logits_and_gradients(tmp_path, preset):
     cfg.module.channels_last = True
     nhwc = build_classifier(cfg, datamodule)
     nhwc.load_state_dict(plain.state_dict())
-    assert any(p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last)
-               and not p.is_contiguous() for p in nhwc.parameters())
+    assert any(
+        p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+        for p in nhwc.parameters()
+    )
     x, y = torch.randn(6, 3, 16, 16), torch.randint(0, 10, (6,))
     for module in (plain, nhwc):
         F.cross_entropy(module(x), y).backward()
@@ -324,8 +394,14 @@ def test_the_progress_bar_lets_go_of_the_console_before_the_lines_that_end_a_run
         def on_fit_end(self, trainer, pl_module):
             stopped.append(bar._progress_stopped)
 
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_model_summary=False, callbacks=[Probe(), bar])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[Probe(), bar],
+    )
     trainer.fit(build_classifier(cfg, datamodule), datamodule=datamodule)
     assert stopped == [True]
     assert bar._get_train_description(0).strip() == "Epoch 1/1"  # counted from 1, as the log lines are

@@ -1,4 +1,5 @@
 """experiment=transfer: stage 1 trains only the attention to match the softmax teacher, stage 2 fine-tunes with KL."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,9 @@ SMALL = ["debug=tiny_vit", "model.kwargs.depth=2"]
 
 def _teacher_file(tmp_path, num_classes=10):
     torch.manual_seed(0)
-    teacher = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
-                                num_classes=num_classes)
+    teacher = VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=num_classes
+    )
     with torch.no_grad():
         for p in teacher.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -32,8 +34,10 @@ def _teacher_file(tmp_path, num_classes=10):
 
 def _config(tmp_path, *overrides, init_from=None):
     source = [f"model.init_from={init_from}"] if init_from else []
-    return compose_config(tmp_path, [*SMALL, "experiment=transfer", "module.optim.lr=1e-2",
-                                     "module.optim.warmup_epochs=0", *source, *overrides])
+    return compose_config(
+        tmp_path,
+        [*SMALL, "experiment=transfer", "module.optim.lr=1e-2", "module.optim.warmup_epochs=0", *source, *overrides],
+    )
 
 
 def _build(cfg):
@@ -60,16 +64,19 @@ def _v_rows(module, state):
             if prefix + name in state:
                 tensor = state[prefix + name]
                 width = 1 if name == "head_weight" else tensor.shape[0] // len(attn.projections)
-                rows.append(tensor[v * width:(v + 1) * width])
+                rows.append(tensor[v * width : (v + 1) * width])
     return rows
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, extra, qk", [
-    ("vit_linear", [], "train"),
-    ("vit_linear", ["model.attention.heads=projected"], "train"),
-    ("vit_focused_linear", ["transfer.qk=freeze"], "freeze"),
-])
+@pytest.mark.parametrize(
+    "preset, extra, qk",
+    [
+        ("vit_linear", [], "train"),
+        ("vit_linear", ["model.attention.heads=projected"], "train"),
+        ("vit_focused_linear", ["transfer.qk=freeze"], "freeze"),
+    ],
+)
 def test_stage_1_lowers_the_transfer_loss_and_changes_only_the_attention(preset, extra, qk, tmp_path):
     cfg = _config(tmp_path, f"model={preset}", *extra, init_from=_teacher_file(tmp_path))
     L.seed_everything(0)
@@ -79,8 +86,14 @@ def test_stage_1_lowers_the_transfer_loss_and_changes_only_the_attention(preset,
     before = {name: t.clone() for name, t in module.state_dict().items()}
     with torch.no_grad():
         loss_before = sum(module.transfer_losses(images).values())
-    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, datamodule=datamodule)  # 8 steps
     after = module.state_dict()
     with torch.no_grad():
@@ -107,9 +120,14 @@ def test_build_run_gives_the_network_a_run_starts_from_with_its_own_random_param
     """What benchmarks/transfer_table.py evaluates as the loaded student is the stage-1 run's first network: Linformer's
     E/F projections start at a random initialisation, which must be the run's (seeded), not another draw."""
     source, start = _teacher_file(tmp_path), tmp_path / "start.pt"
-    run = ["model=vit_linformer", "trainer.max_epochs=1", "++trainer.limit_train_batches=1",
-           "++trainer.limit_val_batches=1", "+callbacks.keep._target_=test_transfer.SaveStateAtFitStart",
-           f"+callbacks.keep.path={start}"]
+    run = [
+        "model=vit_linformer",
+        "trainer.max_epochs=1",
+        "++trainer.limit_train_batches=1",
+        "++trainer.limit_val_batches=1",
+        "+callbacks.keep._target_=test_transfer.SaveStateAtFitStart",
+        f"+callbacks.keep.path={start}",
+    ]
     train(_config(tmp_path / "run", *run, init_from=source))
     started = torch.load(start, weights_only=True)
     own = [name for name in started if name.endswith((".attn.e.weight", ".attn.f.weight"))]
@@ -129,8 +147,10 @@ def test_a_softmax_student_matches_its_teacher_and_the_row_loss_is_the_teachers_
     module.eval()
     images = torch.randn(2, 3, 16, 16)
     captured = []
-    hooks = [layer.register_forward_hook(lambda m, args, out: captured.append(args[0]))
-             for layer in attention_layers(module.teacher)]
+    hooks = [
+        layer.register_forward_hook(lambda m, args, out: captured.append(args[0]))
+        for layer in attention_layers(module.teacher)
+    ]
     with torch.no_grad():
         losses = module.transfer_losses(images)
     for hook in hooks:
@@ -140,7 +160,7 @@ def test_a_softmax_student_matches_its_teacher_and_the_row_loss_is_the_teachers_
         B, N, C = x.shape
         qkv = x.double() @ layer.in_proj.proj.weight.double().T + layer.in_proj.proj.bias.double()
         q, k, _ = qkv.reshape(B, N, 3, layer.num_heads, layer.head_dim).permute(2, 0, 3, 1, 4)
-        probs = torch.softmax(q @ k.transpose(-2, -1) * layer.head_dim ** -0.5, dim=-1)
+        probs = torch.softmax(q @ k.transpose(-2, -1) * layer.head_dim**-0.5, dim=-1)
         expected.append(float(-(probs * probs.log()).sum(-1).mean()))
     assert list(losses) == ["block0", "block1"]
     for loss, entropy in zip(losses.values(), expected):
@@ -161,8 +181,14 @@ def test_stage_1_resumes_without_its_source_and_stage_2_fine_tunes_with_teacher_
     with pytest.raises(ValueError, match="the checkpoint is of transfer stage 1, this run stage 2"):
         train(_config(first, "model=vit_linear", "trainer.max_epochs=3", f"ckpt_path={last}", "transfer.stage=2"))
 
-    stage2 = ["model=vit_linear", "transfer.stage=2", f"transfer.student={last}", "transfer.distill=1.0",
-              "transfer.temperature=2.0", "trainer.max_epochs=1"]
+    stage2 = [
+        "model=vit_linear",
+        "transfer.stage=2",
+        f"transfer.student={last}",
+        "transfer.distill=1.0",
+        "transfer.temperature=2.0",
+        "trainer.max_epochs=1",
+    ]
     module, _ = _build(_config(tmp_path / "stage2", *stage2))
     saved = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
     assert all(torch.equal(t, saved[name]) for name, t in module.state_dict().items() if name in saved)
@@ -178,8 +204,11 @@ def test_bad_transfer_options_are_one_line_errors(tmp_path):
         (["model=vit_linear", "transfer.stage=3"], source, r"transfer.stage=3; give 1 .* or 2"),
         (["model=vit_linear", "transfer.qk=freeze"], source, r"LinearAttention has no parameters of its own"),
         (["model=vit_linear"], None, r"stage 1 starts from a pretrained softmax ViT: pass model.init_from="),
-        (["model=vit_linear", "transfer.stage=2", "transfer.distill=1.0"], _teacher_file(tmp_path, 5),
-         r"transfer.distill needs the teacher's logits .*the model has 10 classes, the checkpoint 5"),
+        (
+            ["model=vit_linear", "transfer.stage=2", "transfer.distill=1.0"],
+            _teacher_file(tmp_path, 5),
+            r"transfer.distill needs the teacher's logits .*the model has 10 classes, the checkpoint 5",
+        ),
         (["model=vit_linear", "+transfer.bogus=1"], source, r"transfer has no option\(s\) \['bogus'\]"),
     ]
     for overrides, init_from, message in cases:

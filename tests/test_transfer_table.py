@@ -1,4 +1,5 @@
 """benchmarks/transfer_table.py: stage budgets as trainer overrides, and the report from run folders' files."""
+
 from __future__ import annotations
 
 import csv
@@ -10,8 +11,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 import transfer_table  # a benchmark script (tests/conftest.py puts benchmarks/ on the path)
 
 
-@pytest.mark.parametrize("epochs, expected", [(0.25, ("1", "0.25")), (1.0, ("1", "1.0")), (1.5, ("2", "0.75")),
-                                              (15, ("15", "1.0"))])
+@pytest.mark.parametrize(
+    "epochs, expected", [(0.25, ("1", "0.25")), (1.0, ("1", "1.0")), (1.5, ("2", "0.75")), (15, ("15", "1.0"))]
+)
 def test_epochs_of_images_become_whole_epochs_of_equal_fractions(epochs, expected):
     overrides = transfer_table.epoch_overrides(epochs)
     assert overrides == [f"trainer.max_epochs={expected[0]}", f"++trainer.limit_train_batches={expected[1]}"]
@@ -29,8 +31,9 @@ def test_report_sets_each_stage_beside_scratch_and_teacher(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     _write(work / "teacher" / "metrics.json", {"val/acc1": 0.48, "best_score": 0.5})
     _write(work / "vit_linear" / "loaded.json", {"val/acc1": 0.1, "num_images": 5000})
-    _write(work / "vit_linear" / "stage1" / "metrics.json", {"val/acc1": 0.3, "val/transfer_loss": 0.02,
-                                                             "global_step": 4})
+    _write(
+        work / "vit_linear" / "stage1" / "metrics.json", {"val/acc1": 0.3, "val/transfer_loss": 0.02, "global_step": 4}
+    )
     _write(work / "vit_linear" / "stage1" / "wall_s.json", {"wall_s": 120.0})
     _write(work / "vit_linear" / "stage2" / "metrics.json", {"val/acc1": 0.48, "global_step": 8})
     _write(work / "vit_hedgehog" / "loaded.json", {"val/acc1": 0.2, "num_images": 5000})  # stages not run
@@ -53,8 +56,11 @@ def test_report_sets_each_stage_beside_scratch_and_teacher(tmp_path):
 
 
 def _robustness(folder, label, corruption=0.4, pgd=0.1, check="ok"):
-    summary = {"published": {"mean_corruption_acc1": corruption}, "pgd_linf_acc1": {"2/255": pgd},
-               "attack_check": check}
+    summary = {
+        "published": {"mean_corruption_acc1": corruption},
+        "pgd_linf_acc1": {"2/255": pgd},
+        "attack_check": check,
+    }
     _write(folder / "robustness" / "robustness.json", {"summary": {label: summary}})
 
 
@@ -77,8 +83,9 @@ def test_report_sets_each_rows_robustness_beside_the_teachers_and_says_why_a_cel
         table = {row["preset"]: row for row in csv.DictReader(f)}
     corruption, pgd = "mean corruption accuracy (15x5)", "PGD L-inf 2/255"
     assert float(table["vit_linear"][corruption]) == 0.44 and float(table["vit_linear"][pgd]) == 0.189
-    assert all(float(row[f"teacher {corruption}"]) == 0.46 and float(row[f"teacher {pgd}"]) == 0.135
-               for row in table.values())
+    assert all(
+        float(row[f"teacher {corruption}"]) == 0.46 and float(row[f"teacher {pgd}"]) == 0.135 for row in table.values()
+    )
     assert (table["vit_agent"][corruption], table["vit_agent"][pgd]) == ("not evaluated", "not evaluated")
     assert (table["vit_hedgehog"][corruption], table["vit_hedgehog"][pgd]) == ("no checkpoint", "no checkpoint")
     assert (table["vit_window"][corruption], table["vit_window"][pgd]) == ("0.41", "attack check failed")
@@ -106,9 +113,16 @@ def test_robustness_phase_evaluates_the_best_checkpoint_on_the_tables_split_once
     assert len(calls) == 1  # agent's stage 2 has not finished: skipped
     cmd = calls[0][1:]
     assert cmd[:2] == ["eval.py", f"ckpt_path={{vit_linear: {run / 'checkpoints' / 'best.ckpt'}}}"]
-    assert {"data.val_fraction=0.1", "data.split_seed=3", f"data.root={tmp_path / 'data'}", "robustness=benchmark",
-            "robustness.adversarial=[2]", "robustness.max_images=1000", "robustness.logit_noise=[]",
-            f"hydra.run.dir={run.parent / 'robustness'}"} <= set(cmd)
+    assert {
+        "data.val_fraction=0.1",
+        "data.split_seed=3",
+        f"data.root={tmp_path / 'data'}",
+        "robustness=benchmark",
+        "robustness.adversarial=[2]",
+        "robustness.max_images=1000",
+        "robustness.logit_noise=[]",
+        f"hydra.run.dir={run.parent / 'robustness'}",
+    } <= set(cmd)
     assert (run.parent / "robustness" / "wall_s.json").is_file()
 
 
@@ -129,17 +143,34 @@ def test_a_tagged_variant_is_its_own_row_beside_the_plain_run(tmp_path, monkeypa
     assert variant["from scratch"] == plain["from scratch"] == transfer_table.scratch_accuracy()["vit_linear"]
 
     # a tagged call's report sets the variant under its plain run (it does not drop the plain rows)
-    monkeypatch.setattr("sys.argv", ["transfer_table.py", "--phases", "report", "--work", str(work), "--out",
-                                     str(out / "tagged"), "--presets", "vit_linear", "--tag", "distill"])
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "transfer_table.py",
+            "--phases",
+            "report",
+            "--work",
+            str(work),
+            "--out",
+            str(out / "tagged"),
+            "--presets",
+            "vit_linear",
+            "--tag",
+            "distill",
+        ],
+    )
     transfer_table.main()
     with open(out / "tagged" / "results.csv") as f:
         assert [row["preset"] for row in csv.DictReader(f)] == ["vit_linear", "vit_linear-distill"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--override", "transfer.distill=1.0"], "give it a --tag"),
-    (["--tag", "kd/1", "--override", "transfer.distill=1.0"], "letters, digits and _ only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--override", "transfer.distill=1.0"], "give it a --tag"),
+        (["--tag", "kd/1", "--override", "transfer.distill=1.0"], "letters, digits and _ only"),
+    ],
+)
 def test_a_variant_needs_a_plain_tag(args, message, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["transfer_table.py", "--phases", "report", *args])
     with pytest.raises(SystemExit, match=message):

@@ -1,4 +1,5 @@
 """benchmarks/zoo.py end to end on a tiny JPEG tree: train, profile, eval and report fill every column."""
+
 from __future__ import annotations
 
 import csv
@@ -29,24 +30,47 @@ def _jpeg_tree(root, per_class=12):
 
 
 def _zoo(*args):
-    return subprocess.run([sys.executable, "benchmarks/zoo.py", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "benchmarks/zoo.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.mark.slow
 def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     _jpeg_tree(tmp_path / "data")
     work, out = tmp_path / "work", tmp_path / "report"
-    args = ["--budget", "cpu", "--data", tmp_path / "data", "--work", work, "--out", out,
-            "--presets", "vit_softmax,nonlocal_resnet_linear", "--batch-size", 8, "--steps", 1,
-            "--override", "trainer.max_epochs=1", "--override", "data.batch_size=16", "--override", "data.num_workers=0"]
+    args = [
+        "--budget",
+        "cpu",
+        "--data",
+        tmp_path / "data",
+        "--work",
+        work,
+        "--out",
+        out,
+        "--presets",
+        "vit_softmax,nonlocal_resnet_linear",
+        "--batch-size",
+        8,
+        "--steps",
+        1,
+        "--override",
+        "trainer.max_epochs=1",
+        "--override",
+        "data.batch_size=16",
+        "--override",
+        "data.num_workers=0",
+    ]
     result = _zoo(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["preset"], r["seed"]) for r in rows] == [("vit_softmax", "0"), ("vit_softmax", "1"),
-                                                         ("nonlocal_resnet_linear", "0")]
+    assert [(r["preset"], r["seed"]) for r in rows] == [
+        ("vit_softmax", "0"),
+        ("vit_softmax", "1"),
+        ("nonlocal_resnet_linear", "0"),
+    ]
     for row in rows:
         assert all(value not in ("", "None") for value in row.values()), row
         assert 0.0 <= float(row["val acc"]) <= 1.0 and 0.0 < float(row["entropy init"]) <= 1.0 + 1e-6
@@ -69,7 +93,8 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
         largest = max(r["level"] for r in records if r["test"] == "resolution")
         assert largest == 2 * saved["robustness"]["img_size"]
         assert float(row["2x res"]) == pytest.approx(
-            next(r["acc1"] for r in records if r["test"] == "resolution" and r["level"] == largest))
+            next(r["acc1"] for r in records if r["test"] == "resolution" and r["level"] == largest)
+        )
         corrupted = [r["acc1"] for r in records if r["test"] in BENCHMARK]
         assert len(corrupted) == 75 and float(row[CORRUPTION_15X5]) == pytest.approx(sum(corrupted) / 75)
         pgd = next(r for r in records if r["test"] == "pgd_linf")
@@ -88,9 +113,24 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     assert len(shipped["robustness"]["records"]) == len(saved["robustness"]["records"])  # the same sweep
     shipped["profile"]["torch"] = shipped["row"]["torch"] = "0.0.1"  # as if profiled under another torch
     (out2 / "per-run" / "vit_efficient-s0.json").write_text(json.dumps(shipped))
-    merged = _zoo("--budget", "cpu", "--phases", "report", "--work", work, "--out", out, "--override",
-                  "trainer.max_epochs=1", "--override", "data.batch_size=16", "--override", "data.num_workers=0",
-                  "--merge", out2 / "per-run")
+    merged = _zoo(
+        "--budget",
+        "cpu",
+        "--phases",
+        "report",
+        "--work",
+        work,
+        "--out",
+        out,
+        "--override",
+        "trainer.max_epochs=1",
+        "--override",
+        "data.batch_size=16",
+        "--override",
+        "data.num_workers=0",
+        "--merge",
+        out2 / "per-run",
+    )
     assert merged.returncode == 0, merged.stdout[-3000:] + merged.stderr[-3000:]
     assert "vit_efficient-s0.json: added from" in merged.stdout
     with open(out / "results.csv") as f:
@@ -105,8 +145,18 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     shipped["overrides"] = ["trainer.max_epochs=3"]
     (tmp_path / "other.json").write_text(json.dumps(shipped))
     before = sorted(p.read_text() for p in (out / "per-run").iterdir())
-    refused = _zoo("--budget", "cpu", "--phases", "report", "--work", tmp_path / "none", "--out", out,
-                   "--merge", tmp_path / "other.json")
+    refused = _zoo(
+        "--budget",
+        "cpu",
+        "--phases",
+        "report",
+        "--work",
+        tmp_path / "none",
+        "--out",
+        out,
+        "--merge",
+        tmp_path / "other.json",
+    )
     assert refused.returncode != 0 and "report it into another --out" in refused.stderr
     assert sorted(p.read_text() for p in (out / "per-run").iterdir()) == before
 
@@ -118,11 +168,23 @@ def _evaluated(preset, seed, corrupted, pgd, fgsm):
 
     key, rec = f"{preset}_s{seed}", {"num_images": 100}
     records = [{**rec, "checkpoint": key, "test": "clean", "level": 0, "acc1": 0.6}]
-    records += [{**rec, "checkpoint": key, "test": c, "level": s, "acc1": corrupted(i, s)}
-                for i, c in enumerate(BENCHMARK) for s in range(1, 6)]
+    records += [
+        {**rec, "checkpoint": key, "test": c, "level": s, "acc1": corrupted(i, s)}
+        for i, c in enumerate(BENCHMARK)
+        for s in range(1, 6)
+    ]
     records.append({**rec, "checkpoint": key, "test": "pgd_linf", "level": 2.0, "acc1": pgd, "fgsm_acc1": fgsm})
-    return zoo_results.build("cpu", preset, preset, seed, "zoo_cpu", [], {"val/acc1": 0.6}, {},
-                             {"sweep": {}, "img_size": 32, "protocol": "cifar", "records": records})
+    return zoo_results.build(
+        "cpu",
+        preset,
+        preset,
+        seed,
+        "zoo_cpu",
+        [],
+        {"val/acc1": 0.6},
+        {},
+        {"sweep": {}, "img_size": 32, "protocol": "cifar", "records": records},
+    )
 
 
 def test_table_takes_15x5_and_pgd_from_the_records_and_says_why_a_cell_is_empty(tmp_path):
@@ -154,8 +216,10 @@ def test_table_takes_15x5_and_pgd_from_the_records_and_says_why_a_cell_is_empty(
     cells = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     at = {name: zoo_table.COLUMNS.index(name) for name in (CORRUPTION_15X5, PGD_2)}
     assert [cells["`vit_softmax`"][i] for i in at.values()] == ["37.0", "20.0"]
-    assert [cells["`vit_linear`"][i] for i in at.values()] == ["40.0", "attack check failed: PGD above FGSM at 2/255 "
-                                                                         "(0.500 > 0.300)"]
+    assert [cells["`vit_linear`"][i] for i in at.values()] == [
+        "40.0",
+        "attack check failed: PGD above FGSM at 2/255 (0.500 > 0.300)",
+    ]
     assert [cells["`vit_agent`"][i] for i in at.values()] == ["not run: no checkpoint"] * 2
     assert [cells["`vit_hydra`"][i] for i in at.values()] == ["not run: eval phase pending"] * 2
     assert "`not run: no checkpoint`: the run's result file holds no records of these tests" in text

@@ -1,4 +1,5 @@
-"""The zoo's per-run result files: the row follows the records, merging replaces a run and refuses what it cannot use."""
+"""The zoo's per-run result files: the row follows the records, merging replaces a run, refuses what it cannot use."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,14 @@ from conftest import ROOT, run_python
 
 import zoo_results  # noqa: E402
 
-METRICS = {"val/acc1": 0.5, "entropy_init/blocks.0.attn": 1.0, "entropy_init/blocks.1.attn": 0.9,
-           "entropy/blocks.0.attn": 0.6, "entropy/blocks.1.attn": 0.4, "best_ckpt": "/somewhere/best.ckpt"}
+METRICS = {
+    "val/acc1": 0.5,
+    "entropy_init/blocks.0.attn": 1.0,
+    "entropy_init/blocks.1.attn": 0.9,
+    "entropy/blocks.0.attn": 0.6,
+    "entropy/blocks.1.attn": 0.4,
+    "best_ckpt": "/somewhere/best.ckpt",
+}
 PROFILE = {"params": 10, "flops_per_image": 2e6, "train_img_per_s": 100.0, "peak_train_mb": 50.0, "torch": "9.9"}
 
 
@@ -19,14 +26,17 @@ def _records(key="p_s0"):
     rec = [{"checkpoint": key, "test": "clean", "level": 0, "acc1": 0.52, "entropy": 0.7}]
     rec += [{"checkpoint": key, "test": "gaussian_noise", "level": s, "acc1": 0.5 - 0.05 * s} for s in range(1, 6)]
     rec += [{"checkpoint": key, "test": "logit_noise", "level": lv, "acc1": 0.5 - 0.1 * lv} for lv in (0, 0.5, 1, 2)]
-    rec += [{"checkpoint": key, "test": "resolution", "level": px, "acc1": 0.8 - px / 100, "entropy": px / 100}
-            for px in (64, 48)]  # out of order: the largest size is the 2x column
+    rec += [
+        {"checkpoint": key, "test": "resolution", "level": px, "acc1": 0.8 - px / 100, "entropy": px / 100}
+        for px in (64, 48)
+    ]  # out of order: the largest size is the 2x column
     return {"sweep": {"severities": [1, 2, 3, 4, 5]}, "img_size": 32, "records": rec}
 
 
 def _result(preset="vit_softmax", seed=0, overrides=(), budget="gpu", acc=0.5):
-    return zoo_results.build(budget, "softmax", preset, seed, "zoo_gpu", list(overrides),
-                             {**METRICS, "val/acc1": acc}, PROFILE, _records())
+    return zoo_results.build(
+        budget, "softmax", preset, seed, "zoo_gpu", list(overrides), {**METRICS, "val/acc1": acc}, PROFILE, _records()
+    )
 
 
 def test_row_follows_records_metrics_and_profile():
@@ -54,8 +64,9 @@ def test_merge_adds_replaces_and_keeps(tmp_path):
     by_preset = {r["preset"]: r["row"]["val acc"] for r in zoo_results.load_all(folder, "gpu")}
     assert by_preset == {"vit_softmax": 0.5, "vit_linear": 0.9}
     # The same training without its eval (a work dir whose eval was deleted) does not replace the evaluated file.
-    bare = zoo_results.build("gpu", "softmax", "vit_linear", 0, "zoo_gpu", [], {**METRICS, "val/acc1": 0.9}, PROFILE,
-                             None)
+    bare = zoo_results.build(
+        "gpu", "softmax", "vit_linear", 0, "zoo_gpu", [], {**METRICS, "val/acc1": 0.9}, PROFILE, None
+    )
     (line,) = zoo_results.add([("bare", bare)], folder, "gpu")
     assert line.startswith("vit_linear-s0.json: kept") and "eval missing" in line
     assert zoo_results.load_all(folder, "gpu")[0]["robustness"]["records"]

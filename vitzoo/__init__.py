@@ -1,4 +1,5 @@
 """vitzoo: ViT and non-local ResNet backbones whose attention switches by one config word."""
+
 from .attention import list_attentions
 from .models import create_model, list_models
 

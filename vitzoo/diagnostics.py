@@ -3,6 +3,7 @@
 Every zoo mechanism can state its (implied) attention matrix; for kernel forms it is built for a
 subsample of queries only, so this stays cheap at high resolution.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,6 +40,7 @@ def capture_attention(model: nn.Module, max_queries: Optional[int] = None) -> It
         def probe(module, probs_of, num_tokens):
             with torch.no_grad():
                 maps[name] = probs_of(_query_index(num_tokens, max_queries, next(module.parameters()).device))
+
         return probe
 
     for name, layer in layers.items():

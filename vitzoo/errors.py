@@ -1,4 +1,5 @@
 """Errors that name their fix, shared by the library and its entry points."""
+
 from __future__ import annotations
 
 __all__ = ["MissingDependency"]

@@ -1,5 +1,6 @@
 """The one rule for option mappings (attention specs, ``module.optim``, ``transfer``...): a key the code does not
 know is a one-line error naming it and the valid ones, never silently dropped."""
+
 from __future__ import annotations
 
 from typing import Collection

@@ -7,7 +7,8 @@ torch's threads sizes them all; train.py, eval.py and predict.py also make the p
 (launch.py, before torch loads). DataLoader worker counts follow the same CPU count
 (:func:`vitzoo.data.workers.resolve_num_workers`).
 
-Keeping freed memory (eval.py's ``retain_freed_memory``): Keep freed memory for reuse on glibc: the CPU allocation setting eval.py starts with.
+Keeping freed memory (eval.py's ``retain_freed_memory``): the CPU allocation setting eval.py starts with keeps
+freed memory for reuse on glibc.
 
 glibc serves every block above its mmap threshold (128 KiB, adapting up to 32 MiB) straight from
 the OS and hands it back on free, so a model that allocates the same activations batch after batch
@@ -16,6 +17,7 @@ about a third of its speed (a batch-128 training step showed no difference). Rai
 trim thresholds keeps freed blocks in the heap, as the jemalloc / tcmalloc setups of PyTorch's CPU
 tuning guides do, at the price of the process keeping its peak heap.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -65,8 +67,12 @@ def size_thread_pools() -> int:
     cpus = usable_cpus()
     if "OMP_NUM_THREADS" in os.environ:
         if torch.get_num_threads() > cpus:
-            log.warning("OMP_NUM_THREADS=%s but this process may use %d CPU(s): threads will wait for each "
-                        "other; unset it (threads then follow the usable CPUs)", os.environ["OMP_NUM_THREADS"], cpus)
+            log.warning(
+                "OMP_NUM_THREADS=%s but this process may use %d CPU(s): threads will wait for each "
+                "other; unset it (threads then follow the usable CPUs)",
+                os.environ["OMP_NUM_THREADS"],
+                cpus,
+            )
     elif torch.get_num_threads() != cpus:
         torch.set_num_threads(cpus)
     return torch.get_num_threads()

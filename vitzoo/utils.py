@@ -1,5 +1,6 @@
 """What every room's entry point shares: user errors as one line, configs instantiated with those errors
 intact, results written as strict JSON."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ A mechanism is one file whose class registers itself (``@register_attention``) w
 every module of this package is imported below (tests/test_imports.py checks that none is missing), so
 adding one is its file, its import line here and its preset in configs/model/.
 """
+
 from . import functional
 from .agent import AgentAttention
 from .base import HEAD_MODES, HeadProjection, ZooAttention
@@ -25,24 +26,72 @@ from .nystrom import NystromAttention
 from .performer import PerformerAttention, PerformerFeatureMap
 from .pola import PolaAttention
 from .rala import RalaAttention
-from .registry import (AttentionSpec, attention_layer, attention_options, build_attention, list_attentions,
-                       register_attention, resolve_attention)
+from .registry import (
+    AttentionSpec,
+    attention_layer,
+    attention_options,
+    build_attention,
+    list_attentions,
+    register_attention,
+    resolve_attention,
+)
 from .softmax import SoftmaxAttention
 from .stack import block_specs, describe, is_stack
-from .synthesizer import (SynthDenseAttention, SynthesizerAttention, SynthFactorizedDenseAttention,
-                          SynthFactorizedRandomAttention, SynthMixAttention, SynthRandomAttention)
+from .synthesizer import (
+    SynthDenseAttention,
+    SynthesizerAttention,
+    SynthFactorizedDenseAttention,
+    SynthFactorizedRandomAttention,
+    SynthMixAttention,
+    SynthRandomAttention,
+)
 from .window import WindowAttention
 
 __all__ = [
-    "functional", "AttentionSpec", "ZooAttention", "HeadProjection", "HEAD_MODES", "register_attention",
-    "list_attentions", "resolve_attention", "attention_options", "build_attention", "attention_layer",
-    "FeatureMap", "register_feature_map", "list_feature_maps", "build_feature_map", "HedgehogFeatureMap",
-    "PerformerFeatureMap", "GridBoundAttention", "GridDepthwiseConv", "DecoupledRopeAttention", "LinearGatedAttention",
-    "SynthesizerAttention", "is_stack", "block_specs", "describe",
+    "functional",
+    "AttentionSpec",
+    "ZooAttention",
+    "HeadProjection",
+    "HEAD_MODES",
+    "register_attention",
+    "list_attentions",
+    "resolve_attention",
+    "attention_options",
+    "build_attention",
+    "attention_layer",
+    "FeatureMap",
+    "register_feature_map",
+    "list_feature_maps",
+    "build_feature_map",
+    "HedgehogFeatureMap",
+    "PerformerFeatureMap",
+    "GridBoundAttention",
+    "GridDepthwiseConv",
+    "DecoupledRopeAttention",
+    "LinearGatedAttention",
+    "SynthesizerAttention",
+    "is_stack",
+    "block_specs",
+    "describe",
     # the registered mechanisms
-    "AgentAttention", "EfficientAttention", "FocusedLinearAttention", "HydraAttention", "InLineAttention",
-    "LinearAttention", "LinformerAttention", "LionAttention", "MllaAttention", "NystromAttention",
-    "PerformerAttention", "PolaAttention", "RalaAttention", "SoftmaxAttention", "SynthDenseAttention",
-    "SynthFactorizedDenseAttention", "SynthFactorizedRandomAttention", "SynthMixAttention", "SynthRandomAttention",
+    "AgentAttention",
+    "EfficientAttention",
+    "FocusedLinearAttention",
+    "HydraAttention",
+    "InLineAttention",
+    "LinearAttention",
+    "LinformerAttention",
+    "LionAttention",
+    "MllaAttention",
+    "NystromAttention",
+    "PerformerAttention",
+    "PolaAttention",
+    "RalaAttention",
+    "SoftmaxAttention",
+    "SynthDenseAttention",
+    "SynthFactorizedDenseAttention",
+    "SynthFactorizedRandomAttention",
+    "SynthMixAttention",
+    "SynthRandomAttention",
     "WindowAttention",
 ]

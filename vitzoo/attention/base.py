@@ -4,6 +4,7 @@
 (``heads: split | projected``), qk-norm, logit noise, the output projection -- and asks its
 subclass only how tokens mix (``mix``) and what the (implied) attention matrix is (``probs``).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,17 @@ class HeadProjection(nn.Module):
     q, k, v of the same scale.
     """
 
-    def __init__(self, dim: int, num_heads: int, head_dim: int, num_outputs: int, mode: str = "split",
-                 bias: bool = False, device=None, dtype=None):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int,
+        num_outputs: int,
+        mode: str = "split",
+        bias: bool = False,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if mode not in HEAD_MODES:
             raise ValueError(f"unknown heads={mode!r}; choose one of {list(HEAD_MODES)}")
@@ -40,7 +50,7 @@ class HeadProjection(nn.Module):
         else:
             self.proj = nn.Linear(dim, num_outputs * dim, bias=bias, **dd)
             self.head_weight = nn.Parameter(torch.empty(num_outputs, dim, num_heads * head_dim, **dd))
-            nn.init.normal_(self.head_weight, std=dim ** -0.5)
+            nn.init.normal_(self.head_weight, std=dim**-0.5)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         B, N, _ = x.shape
@@ -66,26 +76,26 @@ class ZooAttention(nn.Module):
     no_causal: Optional[str] = None  # why it has no causal form, and what to use (None: it has one)
 
     def __init__(
-            self,
-            dim: int,
-            num_heads: int = 8,
-            qkv_bias: bool = False,
-            qk_norm: bool = False,
-            scale_norm: bool = False,
-            proj_bias: bool = True,
-            attn_drop: float = 0.,
-            proj_drop: float = 0.,
-            norm_layer: Optional[Callable[..., nn.Module]] = None,
-            *,
-            heads: str = "split",
-            head_dim: Optional[int] = None,
-            logit_noise: float = 0.0,
-            dim_out: Optional[int] = None,
-            num_tokens: Optional[int] = None,
-            num_prefix_tokens: int = 0,
-            grid_size: Optional[Tuple[int, int]] = None,
-            device=None,
-            dtype=None,
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[Callable[..., nn.Module]] = None,
+        *,
+        heads: str = "split",
+        head_dim: Optional[int] = None,
+        logit_noise: float = 0.0,
+        dim_out: Optional[int] = None,
+        num_tokens: Optional[int] = None,
+        num_prefix_tokens: int = 0,
+        grid_size: Optional[Tuple[int, int]] = None,
+        device=None,
+        dtype=None,
     ):
         super().__init__()
         dd: Dict[str, Any] = {"device": device, "dtype": dtype}
@@ -94,7 +104,8 @@ class ZooAttention(nn.Module):
                 raise ValueError(
                     f"dim={dim} is not divisible by num_heads={num_heads}; choose num_heads dividing {dim}, or set "
                     f"the attention option head_dim (attention={{'name': ..., 'head_dim': "
-                    f"{max(1, dim // num_heads)}}})")
+                    f"{max(1, dim // num_heads)}}})"
+                )
             head_dim = dim // num_heads
         if int(head_dim) != head_dim or head_dim < 1:
             raise ValueError(f"head_dim must be a positive integer, got {head_dim!r}")
@@ -103,9 +114,11 @@ class ZooAttention(nn.Module):
         if logit_noise < 0:
             raise ValueError(f"logit_noise is a standard deviation and must be >= 0, got {logit_noise}")
         if attn_drop > 0 and not self.has_logits:
-            raise ValueError(f"attn_drop={attn_drop}: {type(self).__name__} never forms the attention matrix, so it "
-                             "has nothing to drop; set attn_drop_rate=0 (regularise with proj_drop_rate or "
-                             "drop_path_rate instead)")
+            raise ValueError(
+                f"attn_drop={attn_drop}: {type(self).__name__} never forms the attention matrix, so it "
+                "has nothing to drop; set attn_drop_rate=0 (regularise with proj_drop_rate or "
+                "drop_path_rate instead)"
+            )
         self.num_heads, self.head_dim, self.heads = num_heads, head_dim, heads
         self.attn_dim = num_heads * head_dim
         self.logit_noise = float(logit_noise)
@@ -136,13 +149,28 @@ class ZooAttention(nn.Module):
                     state_dict[f"{prefix}in_proj.proj.{kind}"] = state_dict.pop(f"{prefix}qkv.{kind}")
 
     # -- what a mechanism implements -------------------------------------------------------
-    def mix(self, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
-            attn_mask: Optional[torch.Tensor], is_causal: bool, logit_noise: float) -> torch.Tensor:
+    def mix(
+        self,
+        x: torch.Tensor,
+        q: Optional[torch.Tensor],
+        k: Optional[torch.Tensor],
+        v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+        logit_noise: float,
+    ) -> torch.Tensor:
         """Mix value tokens: (B, H, N, D) -> (B, H, N, D)."""
         raise NotImplementedError
 
-    def probs(self, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor],
-              attn_mask: Optional[torch.Tensor], is_causal: bool, query_index: torch.Tensor) -> torch.Tensor:
+    def probs(
+        self,
+        x: torch.Tensor,
+        q: Optional[torch.Tensor],
+        k: Optional[torch.Tensor],
+        attn_mask: Optional[torch.Tensor],
+        is_causal: bool,
+        query_index: torch.Tensor,
+    ) -> torch.Tensor:
         """The (implied) noiseless attention matrix for the queries ``query_index``: (B, H, Q, N)."""
         raise NotImplementedError
 
@@ -150,8 +178,10 @@ class ZooAttention(nn.Module):
     def check_mask(self, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
         """An ``attn_mask`` or ``is_causal`` the mechanism has no form for is a one-line error (``no_mask``,
         ``no_causal`` say why), never silently ignored."""
-        for given, option, why in ((attn_mask is not None, "attn_mask", self.no_mask),
-                                   (is_causal, "is_causal", self.no_causal)):
+        for given, option, why in (
+            (attn_mask is not None, "attn_mask", self.no_mask),
+            (is_causal, "is_causal", self.no_causal),
+        ):
             if given and why is not None:
                 raise ValueError(f"{type(self).__name__} takes no {option}: {why}")
 
@@ -175,7 +205,8 @@ class ZooAttention(nn.Module):
         if side * side != n:
             raise ValueError(
                 f"cannot infer the patch grid of {num_tokens} tokens ({self.num_prefix_tokens} prefix); "
-                f"set token_grid=(h, w) on the attention layer or use a square input")
+                f"set token_grid=(h, w) on the attention layer or use a square input"
+            )
         return side, side
 
     def project(self, x: torch.Tensor):
@@ -189,27 +220,39 @@ class ZooAttention(nn.Module):
             k = self.k_norm(k)
         return q, k, out.get("v")
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
         B, N, _ = x.shape
         q, k, v = self.project(x)
         out = attend(self, x, q, k, v, attn_mask, is_causal).transpose(1, 2).reshape(B, N, self.attn_dim)
         return self.proj_drop(self.proj(self.norm(out)))
 
     def __prepare_scriptable__(self):
-        raise RuntimeError(f"torch.jit.script cannot compile {type(self).__name__} (vitzoo's attention layers are not "
-                           "TorchScript); use torch.jit.trace, torch.export or torch.onnx.export instead")
+        raise RuntimeError(
+            f"torch.jit.script cannot compile {type(self).__name__} (vitzoo's attention layers are not "
+            "TorchScript); use torch.jit.trace, torch.export or torch.onnx.export instead"
+        )
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"
+        return (
+            f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"
+        )
 
 
 # Under torch.fx (torchvision's feature extractor, timm's FX features) the two functions below are leaves: the
 # graph calls them on real tensors at run time, so each input's patch grid reaches the grid- and shape-dependent
 # mixing, and tracing never stores a Proxy on the model.
 @torch.fx.wrap
-def attend(layer: ZooAttention, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], v: torch.Tensor,
-           attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+def attend(
+    layer: ZooAttention,
+    x: torch.Tensor,
+    q: Optional[torch.Tensor],
+    k: Optional[torch.Tensor],
+    v: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    is_causal: bool,
+) -> torch.Tensor:
     """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any."""
     layer.check_mask(attn_mask, is_causal)
     out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)

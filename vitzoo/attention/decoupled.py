@@ -8,6 +8,7 @@ rotated. Two angle tables: MLLA's (across all H*d channels before the head split
 one axis) and RALA's (per head: half the pairs by row, half by column). Positions are integer grid indices
 of the input's own grid, so a larger input extrapolates (docs/mechanisms.md, sections 16 and 17).
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -18,8 +19,15 @@ from . import functional as AF
 from .base import ZooAttention
 from .grid_conv import grid_conv
 
-__all__ = ["rotate", "mlla_angles", "rala_angles", "decoupled_attention", "decoupled_probs", "positive_features",
-           "DecoupledRopeAttention"]
+__all__ = [
+    "rotate",
+    "mlla_angles",
+    "rala_angles",
+    "decoupled_attention",
+    "decoupled_probs",
+    "positive_features",
+    "DecoupledRopeAttention",
+]
 
 Grid = Tuple[int, int]
 
@@ -58,8 +66,9 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
 
 
-def decoupled_attention(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor,
-                        eps: float = 1e-6) -> torch.Tensor:
+def decoupled_attention(
+    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
     """o_i = (R_i fq_i)^T sum_j (R_j fk_j) v_j^T / (fq_i . sum_j fk_j + n eps) for features fq, fk (B, H, n, d)
     in fp32 or wider; the output in v's dtype."""
     wide = v.to(fq.dtype)
@@ -68,8 +77,9 @@ def decoupled_attention(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor
     return ((rotate(fq, angles) @ state) / den).to(v.dtype)
 
 
-def decoupled_probs(fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor,
-                    query_index: torch.Tensor) -> torch.Tensor:
+def decoupled_probs(
+    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, query_index: torch.Tensor
+) -> torch.Tensor:
     """Each key's share of a query's mix, |(R_i fq_i).(R_j fk_j)| with rows normalised (B, H, Q, n): the implied
     weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) are signed and their rows need not sum to 1."""
     rq = rotate(fq, angles)[:, :, query_index]

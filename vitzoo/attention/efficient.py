@@ -1,4 +1,5 @@
 """Efficient Attention (Shen et al.): the softmax-split form of docs/mechanisms.md section 3."""
+
 from __future__ import annotations
 
 from . import functional as AF

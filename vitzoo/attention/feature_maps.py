@@ -12,6 +12,7 @@ Two layers:
   One whose ``fused_map`` names an entry of ``FUSED_MAPS`` runs fully fused; any other computes
   its features here and the kernels take them as they are (``identity``), still in O(n).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +24,15 @@ from vitzoo.kernels.feature_maps import FUSED_MAPS, feature_map
 
 from .registry import Registry, Spec
 
-__all__ = ["FUSED_MAPS", "feature_map", "FeatureMap", "FeatureMapSpec", "register_feature_map",
-           "list_feature_maps", "build_feature_map"]
+__all__ = [
+    "FUSED_MAPS",
+    "feature_map",
+    "FeatureMap",
+    "FeatureMapSpec",
+    "register_feature_map",
+    "list_feature_maps",
+    "build_feature_map",
+]
 
 FeatureMapSpec = Spec
 
@@ -70,18 +78,21 @@ def build_feature_map(spec: FeatureMapSpec, head_dim: int, num_heads: int = 1) -
 @register_feature_map("elu")
 class EluFeatureMap(FeatureMap):
     """elu(x) + 1."""
+
     fused_map = "elu"
 
 
 @register_feature_map("relu")
 class ReluFeatureMap(FeatureMap):
     """relu(x)."""
+
     fused_map = "relu"
 
 
 @register_feature_map("taylor")
 class TaylorFeatureMap(FeatureMap):
     """[1, x / |x|]: phi(q) . phi(k) = 1 + cos(q, k)."""
+
     fused_map = "taylor"
 
     @property

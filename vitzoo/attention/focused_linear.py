@@ -2,6 +2,7 @@
 convolution on V that restores the rank linear attention loses. The mathematics: docs/mechanisms.md
 section 10.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,7 +25,7 @@ RELU_SHIFT = 1e-6  # FLatten adds it after the ReLU: every feature channel is po
 
 def focus(x: torch.Tensor, power: float, dims=(-1,)) -> torch.Tensor:
     """f_p(x) = |x| x^p / |x^p| (element-wise power, both norms over ``dims``)."""
-    xp = x ** power
+    xp = x**power
     norm = torch.linalg.vector_norm(x, dim=dims, keepdim=True)
     return xp * (norm / torch.linalg.vector_norm(xp, dim=dims, keepdim=True).clamp_min(torch.finfo(xp.dtype).tiny))
 
@@ -86,11 +87,27 @@ class FocusedLinearAttention(LinearAttention, GridBoundAttention):
     no_causal = "its conv sees both sides; drop causal, or use attention='linear' with causal: true"
     resampled = "key position encoding"
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, power: float = 3.0, kernel_size: int = 5,
-                 focus_norm: str = "token", pos_embed: bool = True, eps: float = 1e-6, **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        power: float = 3.0,
+        kernel_size: int = 5,
+        focus_norm: str = "token",
+        pos_embed: bool = True,
+        eps: float = 1e-6,
+        **kwargs,
+    ):
         refuse_feature_map("focused_linear", kwargs)
-        super().__init__(dim, num_heads, *args, feature_map={"name": "focused", "power": power, "norm": focus_norm},
-                         eps=eps, **kwargs)
+        super().__init__(
+            dim,
+            num_heads,
+            *args,
+            feature_map={"name": "focused", "power": power, "norm": focus_norm},
+            eps=eps,
+            **kwargs,
+        )
         if self.causal:
             raise ValueError(f"focused_linear has no causal form: {self.no_causal}")
         if not isinstance(pos_embed, bool):

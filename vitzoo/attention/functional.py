@@ -9,6 +9,7 @@ without logits take the per-key factor exp(eps_j) on their key features instead,
 them O(n). ``logit_noise=0`` never draws a random number: the result is bit-identical to the
 noiseless call.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,7 @@ def entropy_scale(head_dim: int, num_keys: int, train_keys: int) -> float: ...
 @overload
 def entropy_scale(head_dim: int, num_keys: torch.Tensor, train_keys: int) -> torch.Tensor: ...
 @overload
-def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor],
-                  train_keys: int) -> Union[float, torch.Tensor]: ...
+def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: int) -> Union[float, torch.Tensor]: ...
 def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: int) -> Union[float, torch.Tensor]:
     """Entropy-invariant scale kappa*log(n)/d with kappa = sqrt(d)/log(n_train) (docs/mechanisms.md section 1).
 
@@ -64,8 +64,10 @@ def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys:
     be a tensor of per-query counts (the keys each query attends under a mask): a tensor of scales.
     """
     if train_keys < 2 or (not isinstance(num_keys, torch.Tensor) and num_keys < 1):
-        raise ValueError(f"log_n scale needs train_keys >= 2 and num_keys >= 1, got {train_keys}, {num_keys}; "
-                         "train at more than one token, or use scale: sqrt_d")
+        raise ValueError(
+            f"log_n scale needs train_keys >= 2 and num_keys >= 1, got {train_keys}, {num_keys}; "
+            "train at more than one token, or use scale: sqrt_d"
+        )
     log_n = num_keys.clamp_min(2).log() if isinstance(num_keys, torch.Tensor) else math.log(max(num_keys, 2))
     return math.sqrt(head_dim) / math.log(train_keys) * log_n / head_dim
 
@@ -76,7 +78,7 @@ SCALE_MODES = ("sqrt_d", "log_n")  # the scale option of the mechanisms with sof
 def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[int]) -> float:
     """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``)."""
     if mode == "sqrt_d":
-        return head_dim ** -0.5
+        return head_dim**-0.5
     assert train_keys is not None, "scale='log_n' needs train_keys (check_scale rejects it at build time)"
     return entropy_scale(head_dim, num_keys, train_keys)
 
@@ -88,15 +90,20 @@ def check_scale(mode: str, train_keys: Optional[int]) -> None:
     if mode != "log_n":
         return
     if not train_keys:
-        raise ValueError("scale='log_n' needs the training token count: build it inside a vitzoo model "
-                         "or set train_tokens=<tokens at training resolution>")
+        raise ValueError(
+            "scale='log_n' needs the training token count: build it inside a vitzoo model "
+            "or set train_tokens=<tokens at training resolution>"
+        )
     if train_keys < 2:
-        raise ValueError(f"scale='log_n' needs at least 2 tokens at training, got {train_keys} (log 1 = 0 sets no "
-                         "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)")
+        raise ValueError(
+            f"scale='log_n' needs at least 2 tokens at training, got {train_keys} (log 1 = 0 sets no "
+            "scale); use scale: sqrt_d, or more tokens (a larger image, a class token)"
+        )
 
 
-def query_scale(q: torch.Tensor, num_keys: Union[int, torch.Tensor],
-                train_keys: Optional[int]) -> Union[float, torch.Tensor]:
+def query_scale(
+    q: torch.Tensor, num_keys: Union[int, torch.Tensor], train_keys: Optional[int]
+) -> Union[float, torch.Tensor]:
     """The scale of q's rows: 1/sqrt(d) without ``train_keys``, else the log-n scale of the keys each query
     attends, a tensor in q's dtype for per-query counts (under a mask, within windows), computed in fp32 or wider."""
     if train_keys is None:
@@ -155,8 +162,9 @@ def _logit_bias(q: torch.Tensor, k: torch.Tensor, attn_mask, logit_noise: float,
     return bias
 
 
-def softmax_probs(q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_mask=None,
-                  logit_noise: float = 0.0) -> torch.Tensor:
+def softmax_probs(
+    q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_mask=None, logit_noise: float = 0.0
+) -> torch.Tensor:
     """softmax(q k^T * scale + mask + noise), computed in fp32 or wider: (B, H, Nq, Nk)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = (acc(q) * scale) @ acc(k).transpose(-2, -1)
@@ -166,9 +174,17 @@ def softmax_probs(q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_ma
     return logits.softmax(dim=-1)
 
 
-def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Scale = None,
-                      logit_noise: float = 0.0, attn_mask: Optional[torch.Tensor] = None,
-                      fused: bool = True, return_attn: bool = False, dropout_p: float = 0.0):
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: Scale = None,
+    logit_noise: float = 0.0,
+    attn_mask: Optional[torch.Tensor] = None,
+    fused: bool = True,
+    return_attn: bool = False,
+    dropout_p: float = 0.0,
+):
     """Scaled dot-product attention softmax(q k^T * scale) v (docs/mechanisms.md section 1).
 
     ``fused`` goes through ``F.scaled_dot_product_attention`` (noise rides in as an additive
@@ -202,8 +218,14 @@ def _kernel_features(q, k, feature_map: str, logit_noise: float):
     return fq, fk
 
 
-def kernel_probs(q: torch.Tensor, k: torch.Tensor, feature_map: str = "elu", eps: float = 1e-6,
-                 causal: bool = False, logit_noise: float = 0.0) -> torch.Tensor:
+def kernel_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+    causal: bool = False,
+    logit_noise: float = 0.0,
+) -> torch.Tensor:
     """The implied matrix A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps)."""
     fq, fk = _kernel_features(q, k, feature_map, logit_noise)
     sim = fq @ fk.transpose(-2, -1)
@@ -218,9 +240,16 @@ def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noi
     return naive_linear_attention(fq, fk, v, "identity", eps, causal)
 
 
-def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
-                     eps: float = 1e-6, impl: str = "auto", causal: bool = False,
-                     logit_noise: float = 0.0) -> torch.Tensor:
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+    impl: str = "auto",
+    causal: bool = False,
+    logit_noise: float = 0.0,
+) -> torch.Tensor:
     """Kernel attention phi(q) (sum_j phi(k_j)^T v_j) / (phi(q).sum_j phi(k_j) + eps) in O(n d^2).
 
     ``impl``: ``eager`` is the plain formula; ``torch`` (chunked autograd Function) and
@@ -237,7 +266,9 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_
     if causal or logit_noise > 0:
         if impl in ("torch", "triton"):
             what = "causal=True" if causal else "logit_noise > 0"
-            raise ValueError(f"impl={impl!r} is the fused non-causal, noiseless path; with {what} use impl='auto' or 'eager'")
+            raise ValueError(
+                f"impl={impl!r} is the fused non-causal, noiseless path; with {what} use impl='auto' or 'eager'"
+            )
         impl = "eager"
     if impl == "eager":
         return _linear_eager(q, k, v, feature_map, eps, causal, logit_noise)
@@ -253,8 +284,15 @@ def graph_capture() -> bool:
     return torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
 
 
-def taylor_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
-                     impl: str = "auto", causal: bool = False, logit_noise: float = 0.0) -> torch.Tensor:
+def taylor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eps: float = 1e-6,
+    impl: str = "auto",
+    causal: bool = False,
+    logit_noise: float = 0.0,
+) -> torch.Tensor:
     """sim(q, k) = 1 + cos(q, k) (docs/mechanisms.md section 3): linear attention with phi(x) = [1, x/|x|]."""
     return linear_attention(q, k, v, "taylor", eps, impl, causal, logit_noise)
 
@@ -273,8 +311,7 @@ def _efficient_factors(q, k, logit_noise: float):
     return acc(q).softmax(dim=-1), logits.softmax(dim=-2)
 
 
-def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        logit_noise: float = 0.0) -> torch.Tensor:
+def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0) -> torch.Tensor:
     """Efficient Attention (Shen et al.): softmax_D(q) (softmax_N(k)^T v).
 
     Not the exp(k) shortcut with a separate denominator (docs/mechanisms.md).

@@ -6,6 +6,7 @@ logits, Linformer's E, F); its persistent ``layout`` buffer lets a state dict sa
 be resampled on load. A ``GridBoundAttention`` is a mechanism built from such modules: at another
 token count it resamples them (``interpolate: true``) or raises a ValueError naming the option.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,15 +42,16 @@ def resample_tokens(t: torch.Tensor, dim: int, src: Layout, dst: Layout) -> torc
     if src == dst:
         return t
     if src.prefix != dst.prefix:
-        raise ValueError(f"cannot resample {src.prefix} prefix tokens to {dst.prefix}; "
-                         f"the prefix token count must match")
+        raise ValueError(
+            f"cannot resample {src.prefix} prefix tokens to {dst.prefix}; the prefix token count must match"
+        )
     # non-negative axes: the TorchScript ONNX exporter copies a negative movedim axis into Transpose's perm
     last, dim = t.dim() - 1, dim % t.dim()
     t = t.movedim(dim, last)
     lead = t.shape[:-1]
-    grid = t[..., src.prefix:].reshape(1, -1, src.h, src.w)
+    grid = t[..., src.prefix :].reshape(1, -1, src.h, src.w)
     grid = F.interpolate(grid, size=(dst.h, dst.w), mode="bilinear", align_corners=False)
-    return torch.cat([t[..., :src.prefix], grid.reshape(*lead, dst.h * dst.w)], dim=last).movedim(last, dim)
+    return torch.cat([t[..., : src.prefix], grid.reshape(*lead, dst.h * dst.w)], dim=last).movedim(last, dim)
 
 
 class GridModule(nn.Module):
@@ -93,8 +95,10 @@ def _resample_on_load(module: GridModule, state_dict, prefix, *args) -> None:
     if src == module.built:
         return
     if src.prefix != module.built.prefix:
-        raise ValueError(f"{prefix or 'module'}: state dict has {src.prefix} prefix tokens, this model "
-                         f"{module.built.prefix}; build the model with the same class/register tokens")
+        raise ValueError(
+            f"{prefix or 'module'}: state dict has {src.prefix} prefix tokens, this model "
+            f"{module.built.prefix}; build the model with the same class/register tokens"
+        )
     module.resample_state(state_dict, prefix, src)
     state_dict[key] = module.layout.clone()
 
@@ -121,12 +125,16 @@ class GridBoundAttention(ZooAttention):
         if num_tokens == built.tokens and (grid is None or grid[0] * grid[1] != built.h * built.w):
             return built  # no grid given for this input (a plain token sequence): the built layout
         if num_tokens != built.tokens and not self.interpolate:
-            raise ValueError(f"{type(self).__name__} was built for {built.tokens} tokens ({built}) but got "
-                             f"{num_tokens}; set interpolate: true to resample its {self.resampled} to the new grid")
+            raise ValueError(
+                f"{type(self).__name__} was built for {built.tokens} tokens ({built}) but got "
+                f"{num_tokens}; set interpolate: true to resample its {self.resampled} to the new grid"
+            )
         target = Layout(built.prefix, *self.current_grid(num_tokens))
         if target != built and not self.interpolate:
-            raise ValueError(f"{type(self).__name__} was built for {built} but got {target} ({num_tokens} tokens); "
-                             f"set interpolate: true to resample its {self.resampled} to the new grid")
+            raise ValueError(
+                f"{type(self).__name__} was built for {built} but got {target} ({num_tokens} tokens); "
+                f"set interpolate: true to resample its {self.resampled} to the new grid"
+            )
         return target
 
     def extra_repr(self) -> str:
@@ -136,8 +144,10 @@ class GridBoundAttention(ZooAttention):
 def _built_layout(num_tokens: Optional[int], prefix: int, grid_size: Optional[Tuple[int, int]], name: str) -> Layout:
     if grid_size is None:
         if num_tokens is None:
-            raise ValueError(f"{name} needs the token count it is built for: build it inside a vitzoo model "
-                             f"(vitzoo.create_model) or pass num_tokens=<tokens incl. prefix> / grid_size=(h, w)")
+            raise ValueError(
+                f"{name} needs the token count it is built for: build it inside a vitzoo model "
+                f"(vitzoo.create_model) or pass num_tokens=<tokens incl. prefix> / grid_size=(h, w)"
+            )
         n = num_tokens - prefix
         side = math.isqrt(max(n, 0))
         grid_size = (side, side) if side * side == n else (1, n)
@@ -145,6 +155,8 @@ def _built_layout(num_tokens: Optional[int], prefix: int, grid_size: Optional[Tu
     if layout.h < 1 or layout.w < 1:
         raise ValueError(f"{name} needs at least one grid token, got {layout}; pass num_tokens > num_prefix_tokens")
     if num_tokens is not None and num_tokens != layout.tokens:
-        raise ValueError(f"num_tokens={num_tokens} does not match {layout} ({layout.tokens} tokens); "
-                         f"pass a consistent num_tokens / grid_size")
+        raise ValueError(
+            f"num_tokens={num_tokens} does not match {layout} ({layout.tokens} tokens); "
+            f"pass a consistent num_tokens / grid_size"
+        )
     return layout

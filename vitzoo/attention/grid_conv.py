@@ -1,4 +1,5 @@
 """DWC(V): the depthwise convolution over the patch grid that focused linear and agent attention add to V."""
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -16,19 +17,22 @@ class GridDepthwiseConv(nn.Conv2d):
     """
 
     def __init__(self, channels: int, kernel_size: int, device=None, dtype=None):
-        super().__init__(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels, device=device,
-                         dtype=dtype)
+        super().__init__(
+            channels, channels, kernel_size, padding=kernel_size // 2, groups=channels, device=device, dtype=dtype
+        )
 
     def over_grid(self, v: torch.Tensor, grid: Tuple[int, int], num_prefix: int) -> torch.Tensor:
         B, H, N, D = v.shape
         out = self(v[:, :, num_prefix:].transpose(-2, -1).reshape(B, H * D, *grid))
-        return torch.cat([v.new_zeros(B, H, num_prefix, D), out.reshape(B, H, D, N - num_prefix).transpose(-2, -1)],
-                         dim=2)
+        return torch.cat(
+            [v.new_zeros(B, H, num_prefix, D), out.reshape(B, H, D, N - num_prefix).transpose(-2, -1)], dim=2
+        )
 
 
 def grid_conv(mechanism: str, channels: int, kernel_size: int, **kwargs) -> Optional[GridDepthwiseConv]:
     """The DWC(V) term of ``mechanism``, or None for ``kernel_size`` 0 (a clear error for an even size)."""
     if kernel_size < 0 or (kernel_size and kernel_size % 2 == 0):
-        raise ValueError(f"{mechanism}: kernel_size={kernel_size} must be odd (the conv keeps the grid) or 0 for no "
-                         "conv term")
+        raise ValueError(
+            f"{mechanism}: kernel_size={kernel_size} must be odd (the conv keeps the grid) or 0 for no conv term"
+        )
     return GridDepthwiseConv(channels, kernel_size, kwargs.get("device"), kwargs.get("dtype")) if kernel_size else None

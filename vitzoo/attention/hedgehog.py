@@ -4,6 +4,7 @@ phi(x) = softmax([x W + b, -(x W + b)]) per head, W (head_dim x m), b (m): 2m no
 summing to 1. A registered spec for ``linear`` (``{name: hedgehog, num_features: 32}``); its features
 run on the fused O(n) path as precomputed features. The mathematics: docs/mechanisms.md section 3.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,10 @@ class HedgehogFeatureMap(FeatureMap):
     def __init__(self, head_dim: int, num_heads: int = 1, *, num_features: int = 32):
         super().__init__(head_dim, num_heads)
         if not isinstance(num_features, int) or isinstance(num_features, bool) or num_features < 1:
-            raise ValueError(f"num_features must be an integer >= 1, got {num_features!r}; "
-                             "Hedgehog uses the head dim (identity initialisation)")
+            raise ValueError(
+                f"num_features must be an integer >= 1, got {num_features!r}; "
+                "Hedgehog uses the head dim (identity initialisation)"
+            )
         self.num_features = num_features
         self.weight = nn.Parameter(torch.empty(num_heads, head_dim, num_features))
         self.bias = nn.Parameter(torch.zeros(num_heads, 1, num_features))

@@ -1,6 +1,7 @@
 """Hydra attention (Bolya et al. 2022): as many heads as channels with the cosine kernel, O(n d).
 The mathematics: docs/mechanisms.md section 11.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,8 +21,9 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return x / torch.linalg.vector_norm(x, dim=(1, 3), keepdim=True).clamp_min(1e-12)
 
 
-def hydra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0,
-                    sum_scale: float = 1.0) -> torch.Tensor:
+def hydra_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0, sum_scale: float = 1.0
+) -> torch.Tensor:
     """out = phi(Q) * (sum_scale * sum_t phi(K_t) * V_t), channel by channel; logit noise is the factor exp(eps_t)
     on phi(K_t)."""
     fk = _unit(k)
@@ -51,15 +53,18 @@ class HydraAttention(ZooAttention):
     no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
     no_causal = "it has no causal form here; use attention='linear' with causal: true"
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, rescale: bool = False,
-                 train_tokens: Optional[int] = None, **kwargs):
+    def __init__(
+        self, dim: int, num_heads: int = 8, *args, rescale: bool = False, train_tokens: Optional[int] = None, **kwargs
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         if not isinstance(rescale, bool):
             raise ValueError(f"hydra rescale={rescale!r}; give true or false")
         self.rescale, self.train_tokens = rescale, train_tokens or self.num_tokens
         if rescale and not self.train_tokens:
-            raise ValueError("hydra rescale=true needs the training token count: build it inside a vitzoo model "
-                             "or set train_tokens=<tokens at training resolution>")
+            raise ValueError(
+                "hydra rescale=true needs the training token count: build it inside a vitzoo model "
+                "or set train_tokens=<tokens at training resolution>"
+            )
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         return hydra_attention(q, k, v, logit_noise, self.train_tokens / k.shape[-2] if self.rescale else 1.0)

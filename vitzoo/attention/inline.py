@@ -2,6 +2,7 @@
 row mean instead of dividing by the row sum, plus a local residual: a 3x3 depthwise conv of V whose kernels are
 generated per image from the mean token. The mathematics: docs/mechanisms.md section 15.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
@@ -22,8 +23,9 @@ def _key_weights(k: torch.Tensor, noise: Optional[torch.Tensor]) -> torch.Tensor
     return torch.ones_like(k[..., :1]) if noise is None else noise.exp().to(k.dtype)
 
 
-def _inline_features(q: torch.Tensor, k: torch.Tensor, noise: Optional[torch.Tensor]
-                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+def _inline_features(
+    q: torch.Tensor, k: torch.Tensor, noise: Optional[torch.Tensor]
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Kernel features whose normalised attention is InLine's: [1, tau q_i] and e_j [1, k_j - kbar], kbar the
     e-weighted key mean, so sum_j e_j (k_j - kbar) = 0 and the normaliser is sum_j e_j exactly."""
     q, k = AF.acc(q), AF.acc(k)
@@ -34,8 +36,9 @@ def _inline_features(q: torch.Tensor, k: torch.Tensor, noise: Optional[torch.Ten
     return torch.cat([ones, tau * q], -1), e * torch.cat([torch.ones_like(k[..., :1]), k - kbar], -1)
 
 
-def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, noise: Optional[torch.Tensor] = None,
-                     impl: str = "auto") -> torch.Tensor:
+def inline_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, noise: Optional[torch.Tensor] = None, impl: str = "auto"
+) -> torch.Tensor:
     """o_i = sum_j w_ij v_j, w_ij = 1/n + (tau/n) (q_i.k_j - q_i.kbar), i.e. o_i = vbar + tau q_i^T Cov(k, v), by
     the kernel path (``noise``: per-key log-factors eps_j weighting key j by exp(eps_j) in every mean)."""
     fq, fk = _inline_features(q, k, noise)
@@ -58,7 +61,7 @@ def dynamic_depthwise(images: torch.Tensor, kernels: torch.Tensor) -> torch.Tens
     out = images.new_zeros(images.shape)
     for a in range(size):
         for b in range(size):
-            out = out + kernels[:, :, a, b, None, None] * padded[:, :, a:a + h, b:b + w]
+            out = out + kernels[:, :, a, b, None, None] * padded[:, :, a : a + h, b : b + w]
     return out
 
 
@@ -82,13 +85,21 @@ class InLineAttention(ZooAttention):
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
         if residual and dim % num_heads:
-            raise ValueError(f"inline's kernel generator groups the {dim} input channels by head: "
-                             f"num_heads={num_heads} must divide dim (or set residual: false)")
+            raise ValueError(
+                f"inline's kernel generator groups the {dim} input channels by head: "
+                f"num_heads={num_heads} must divide dim (or set residual: false)"
+            )
         self.impl = impl
         dd: Dict[str, Any] = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
-        self.kernel_gen = nn.Sequential(
-            nn.Conv1d(dim, self.attn_dim, 1, groups=num_heads, **dd), nn.GELU(),
-            nn.Conv1d(self.attn_dim, 9 * self.attn_dim, 1, groups=num_heads, **dd)) if residual else None
+        self.kernel_gen = (
+            nn.Sequential(
+                nn.Conv1d(dim, self.attn_dim, 1, groups=num_heads, **dd),
+                nn.GELU(),
+                nn.Conv1d(self.attn_dim, 9 * self.attn_dim, 1, groups=num_heads, **dd),
+            )
+            if residual
+            else None
+        )
 
     def residual(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The local residual of every token (B, H, n, d); prefix rows 0."""

@@ -1,4 +1,5 @@
 """Kernel (linear) attention with any feature map: elu+1, relu, Taylor 1+cos, or a registered module."""
+
 from __future__ import annotations
 
 from . import functional as AF
@@ -23,8 +24,17 @@ class LinearAttention(ZooAttention):
     has_logits = False
     no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, feature_map: FeatureMapSpec = "elu", eps: float = 1e-6,
-                 causal: bool = False, impl: str = "auto", **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        feature_map: FeatureMapSpec = "elu",
+        eps: float = 1e-6,
+        causal: bool = False,
+        impl: str = "auto",
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
@@ -41,8 +51,9 @@ class LinearAttention(ZooAttention):
         """Precomputed features are fp32 or wider while v may be half (autocast): the sums run in the features'
         dtype and the output comes back in v's, as with a fused map."""
         fq, fk, name = self.features(q, k)
-        out = AF.linear_attention(fq, fk, v.to(fq.dtype), name, self.eps, self.impl, self.causal or is_causal,
-                                  logit_noise)
+        out = AF.linear_attention(
+            fq, fk, v.to(fq.dtype), name, self.eps, self.impl, self.causal or is_causal, logit_noise
+        )
         return out.to(v.dtype)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
@@ -53,5 +64,3 @@ class LinearAttention(ZooAttention):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", causal={self.causal}, impl={self.impl}"
-
-

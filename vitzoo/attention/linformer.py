@@ -1,4 +1,5 @@
 """Linformer (Wang et al. 2020): keys and values projected along the token axis (docs/mechanisms.md, section 9)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,7 +21,7 @@ def resample_projection(t: torch.Tensor, src: Layout, dst: Layout) -> torch.Tens
         return t
     out = resample_tokens(t, -1, src, dst)
     mass = (src.h * src.w) / (dst.h * dst.w)
-    return torch.cat([out[..., :dst.prefix], out[..., dst.prefix:] * mass], dim=-1)
+    return torch.cat([out[..., : dst.prefix], out[..., dst.prefix :] * mass], dim=-1)
 
 
 class TokenProjection(GridModule):
@@ -28,7 +29,9 @@ class TokenProjection(GridModule):
 
     def __init__(self, proj_len: int, layout: Layout, device=None, dtype=None):
         super().__init__(layout, device)
-        self.weight = nn.Parameter(torch.randn(proj_len, layout.tokens, device=device, dtype=dtype) * layout.tokens ** -0.5)
+        self.weight = nn.Parameter(
+            torch.randn(proj_len, layout.tokens, device=device, dtype=dtype) * layout.tokens**-0.5
+        )
 
     def forward(self, layout: Layout) -> torch.Tensor:
         """E at ``layout``: (k, tokens of layout), fp32 or wider."""
@@ -45,15 +48,25 @@ def _along_tokens(e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return (e @ AF.acc(t)).to(t.dtype)
 
 
-def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, f: torch.Tensor,
-                        scale: Optional[float] = None, logit_noise: float = 0.0, dropout_p: float = 0.0) -> torch.Tensor:
+def linformer_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor,
+    scale: Optional[float] = None,
+    logit_noise: float = 0.0,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
     """softmax(Q (E K)^T scale) (F V) with E, F of shape (k, n): O(n k d) per head."""
-    return AF.softmax_attention(q, _along_tokens(e, k), _along_tokens(f, v), scale=scale, logit_noise=logit_noise,
-                                dropout_p=dropout_p)
+    return AF.softmax_attention(
+        q, _along_tokens(e, k), _along_tokens(f, v), scale=scale, logit_noise=logit_noise, dropout_p=dropout_p
+    )
 
 
-def linformer_probs(q: torch.Tensor, k: torch.Tensor, e: torch.Tensor, f: torch.Tensor,
-                    scale: Optional[float] = None) -> torch.Tensor:
+def linformer_probs(
+    q: torch.Tensor, k: torch.Tensor, e: torch.Tensor, f: torch.Tensor, scale: Optional[float] = None
+) -> torch.Tensor:
     """Each token's share of a query's mix: |softmax(Q (E K)^T scale) F|, rows normalised (B, H, Nq, N).
 
     The implied matrix itself is signed (F is), so, as for Hydra, the diagnostics see the absolute
@@ -71,8 +84,7 @@ class LinformerAttention(GridBoundAttention):
     n x proj_len logits. ``scale`` is ``sqrt_d`` only: the softmax always has proj_len keys.
     """
 
-    no_mask = no_causal = ("each projected key mixes all tokens; use attention='softmax' for masked or causal "
-                           "inputs")
+    no_mask = no_causal = "each projected key mixes all tokens; use attention='softmax' for masked or causal inputs"
 
     resampled = "projections E, F"
 
@@ -81,8 +93,10 @@ class LinformerAttention(GridBoundAttention):
         if int(proj_len) != proj_len or proj_len < 1:
             raise ValueError(f"proj_len (the k projected tokens) must be a positive integer, got {proj_len!r}")
         if scale != "sqrt_d":
-            raise ValueError(f"scale={scale!r}: linformer's softmax runs over proj_len={proj_len} projected keys at "
-                             f"every resolution, so only scale: sqrt_d applies")
+            raise ValueError(
+                f"scale={scale!r}: linformer's softmax runs over proj_len={proj_len} projected keys at "
+                f"every resolution, so only scale: sqrt_d applies"
+            )
         dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.e = TokenProjection(int(proj_len), self.built_layout, **dd)
         self.f = TokenProjection(int(proj_len), self.built_layout, **dd)
@@ -93,8 +107,9 @@ class LinformerAttention(GridBoundAttention):
         return self.e(layout), self.f(layout)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        return linformer_attention(q, k, v, *self.projections_at(k.shape[-2]), logit_noise=logit_noise,
-                                   dropout_p=self.dropout_p)
+        return linformer_attention(
+            q, k, v, *self.projections_at(k.shape[-2]), logit_noise=logit_noise, dropout_p=self.dropout_p
+        )
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         return linformer_probs(q[:, :, query_index], k, *self.projections_at(k.shape[-2]))

@@ -9,6 +9,7 @@ tokens carry the decayed state sum_j M_ij phi(k_j) [v_j, 1]^T, the c x c blocks 
 explicitly, and the diagonal counted by both scans is removed once. ``lion_masked`` is the quadratic form that
 defines it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Tuple
@@ -51,16 +52,18 @@ def decay_mask(log_gates: torch.Tensor, query_index: torch.Tensor) -> torch.Tens
     return torch.where(j <= i, before, after).exp()
 
 
-def lion_masked(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor,
-                eps: float = 1e-6) -> torch.Tensor:
+def lion_masked(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
     """The quadratic form: A = (fq fk^T) * M, o = A v / (A 1 + eps / tau), tau = d^-1/2; O(n^2 d)."""
     mask = decay_mask(log_gates, torch.arange(fq.shape[-2], device=fq.device))
     attn = (fq @ fk.transpose(-2, -1)) * mask
     return ((attn @ v.to(attn.dtype)) / (attn.sum(-1, keepdim=True) + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
 
 
-def _forward_scan(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor,
-                  chunk: int) -> torch.Tensor:
+def _forward_scan(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, chunk: int
+) -> torch.Tensor:
     """sum_{j<=i} exp(L_i - L_j) (fq_i.fk_j) v_j for every i, chunk by chunk; v carries a ones column."""
     B, H, N, _ = fq.shape
     pad = -N % chunk
@@ -73,7 +76,8 @@ def _forward_scan(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates
     start = lower[..., :1]  # L at each chunk's first token
     end = lower[..., -1:] + log_gates.unflatten(-1, (T, chunk))[..., -1:]  # L at the next chunk's first token
     inside = (lower[..., :, None] - lower[..., None, :]).masked_fill(
-        ~torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril(), float("-inf"))
+        ~torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril(), float("-inf")
+    )
     out = ((fq @ fk.transpose(-2, -1)) * inside.exp()) @ v
     reads = fq * (lower - start).exp().unsqueeze(-1)  # fq_i exp(L_i - L_start)
     writes = (fk * (end - lower).exp().unsqueeze(-1)).transpose(-2, -1) @ v  # each chunk's own state at its end
@@ -87,8 +91,9 @@ def _forward_scan(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates
     return out.flatten(2, 3)[:, :, :N]
 
 
-def lion_chunked(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, eps: float = 1e-6,
-                 chunk: int = 64) -> torch.Tensor:
+def lion_chunked(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, eps: float = 1e-6, chunk: int = 64
+) -> torch.Tensor:
     """``lion_masked``'s output in O(n (c + d) d): a forward and a backward chunked scan, the diagonal once."""
     wide = torch.cat([v.to(fq.dtype), torch.ones_like(v[..., :1], dtype=fq.dtype)], dim=-1)
     forward = _forward_scan(fq, fk, wide, log_gates, chunk)
@@ -113,8 +118,17 @@ class LionAttention(ZooAttention):
     no_mask = "its decay mask is the only mask it takes; use attention='softmax' for masked inputs"
     no_causal = "it is bidirectional; use attention='linear' with causal: true"
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, decay: str = "fixed", chunk: int = 64, eps: float = 1e-6,
-                 impl: str = "auto", **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        decay: str = "fixed",
+        chunk: int = 64,
+        eps: float = 1e-6,
+        impl: str = "auto",
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         if decay not in DECAYS:
             raise ValueError(f"unknown lion decay={decay!r}; choose one of {list(DECAYS)}")
@@ -150,7 +164,7 @@ class LionAttention(ZooAttention):
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         fq, fk = self.features(q, k, logit_noise)
         if self.decay == "none":
-            eps = self.eps * self.head_dim ** 0.5
+            eps = self.eps * self.head_dim**0.5
             return AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", eps, self.impl).to(v.dtype)
         return lion_chunked(fq, fk, v, self.log_gates(x, fq), self.eps, self.chunk)
 
@@ -159,7 +173,7 @@ class LionAttention(ZooAttention):
         attn = fq[:, :, query_index] @ fk.transpose(-2, -1)
         if self.decay != "none":
             attn = attn * decay_mask(self.log_gates(x, fq), query_index)
-        return attn / (attn.sum(-1, keepdim=True) + self.eps * self.head_dim ** 0.5)
+        return attn / (attn.sum(-1, keepdim=True) + self.eps * self.head_dim**0.5)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", decay={self.decay}, chunk={self.chunk}"

@@ -2,6 +2,7 @@
 across all channels before the head split, and LePE (a 3x3 depthwise conv of V). Its Mamba-like block is the ViT's
 ``block="mlla"`` (vitzoo.models.blocks). The mathematics: docs/mechanisms.md section 16.
 """
+
 from __future__ import annotations
 
 from . import functional as AF
@@ -27,9 +28,11 @@ class MllaAttention(DecoupledRopeAttention):
     def __init__(self, dim: int, num_heads: int = 8, *args, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
         if self.head_dim % 2 or self.attn_dim % 4:
-            raise ValueError(f"mlla's RoPE turns channel pairs, half by row and half by column: "
-                             f"head_dim={self.head_dim} must be even and num_heads * head_dim={self.attn_dim} a "
-                             "multiple of 4 (set head_dim)")
+            raise ValueError(
+                f"mlla's RoPE turns channel pairs, half by row and half by column: "
+                f"head_dim={self.head_dim} must be even and num_heads * head_dim={self.attn_dim} a "
+                "multiple of 4 (set head_dim)"
+            )
 
     def features(self, q, k, logit_noise: float = 0.0):
         fq, fk = positive_features(q, k)

@@ -1,4 +1,5 @@
 """Nyströmformer (Xiong et al. 2021): softmax attention through m landmarks (docs/mechanisms.md, section 8)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -49,8 +50,8 @@ def _softmax(logits: torch.Tensor, logit_noise: float) -> torch.Tensor:
 def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_scale, logit_noise: float):
     """softmax(Q K~^T), pinv(softmax(Q~ K~^T)), softmax(Q~ K^T), noise drawn in that order."""
     d = q.shape[-1]
-    scale = d ** -0.5 if scale is None else scale
-    landmark_scale = d ** -0.5 if landmark_scale is None else landmark_scale
+    scale = d**-0.5 if scale is None else scale
+    landmark_scale = d**-0.5 if landmark_scale is None else landmark_scale
     q, k = AF.acc(q), AF.acc(k)
     ql, kl = segment_means(q, num_landmarks), segment_means(k, num_landmarks)
     f = _softmax((q * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
@@ -59,9 +60,16 @@ def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_sca
     return f, iterative_pinv(a, pinv_iterations), b
 
 
-def nystrom_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_landmarks: int = 64,
-                      pinv_iterations: int = 6, scale: Optional[float] = None, landmark_scale: Optional[float] = None,
-                      logit_noise: float = 0.0) -> torch.Tensor:
+def nystrom_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_landmarks: int = 64,
+    pinv_iterations: int = 6,
+    scale: Optional[float] = None,
+    landmark_scale: Optional[float] = None,
+    logit_noise: float = 0.0,
+) -> torch.Tensor:
     """softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V in O(n m d + m^3) per head; with m >= n (every
     token its own landmark) exact softmax(Q K^T) V, as the official code.
 
@@ -74,9 +82,15 @@ def nystrom_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_lan
     return (f @ (z @ (b @ AF.acc(v)))).to(v.dtype)
 
 
-def nystrom_probs(q: torch.Tensor, k: torch.Tensor, num_landmarks: int = 64, pinv_iterations: int = 6,
-                  scale: Optional[float] = None, landmark_scale: Optional[float] = None,
-                  query_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+def nystrom_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    num_landmarks: int = 64,
+    pinv_iterations: int = 6,
+    scale: Optional[float] = None,
+    landmark_scale: Optional[float] = None,
+    query_index: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The implied matrix F pinv(A) B for the rows ``query_index`` (all by default): (B, H, Nq, Nk).
 
     Its rows sum to about 1 and may hold small negative entries (it approximates a softmax matrix); with m >= n
@@ -98,31 +112,50 @@ class NystromAttention(ZooAttention):
     three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md).
     """
 
-    no_mask = no_causal = ("its landmarks mix all tokens; use attention='softmax' for masked or causal "
-                           "inputs")
+    no_mask = no_causal = "its landmarks mix all tokens; use attention='softmax' for masked or causal inputs"
 
     has_logits = False  # no n x n matrix is formed: nothing for attn_drop
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, num_landmarks: int = 64, pinv_iterations: int = 6,
-                 conv_kernel: Optional[int] = None, scale: str = "sqrt_d", train_tokens: Optional[int] = None,
-                 **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        num_landmarks: int = 64,
+        pinv_iterations: int = 6,
+        conv_kernel: Optional[int] = None,
+        scale: str = "sqrt_d",
+        train_tokens: Optional[int] = None,
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         if int(num_landmarks) != num_landmarks or num_landmarks < 1:
             raise ValueError(f"num_landmarks must be a positive integer, got {num_landmarks!r}")
         if int(pinv_iterations) != pinv_iterations or pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be a positive integer (the paper uses 6), got {pinv_iterations!r}")
         if conv_kernel is not None and (int(conv_kernel) != conv_kernel or conv_kernel < 1 or conv_kernel % 2 == 0):
-            raise ValueError(f"conv_kernel must be an odd positive integer (the paper uses 33) or null, got {conv_kernel!r}")
+            raise ValueError(
+                f"conv_kernel must be an odd positive integer (the paper uses 33) or null, got {conv_kernel!r}"
+            )
         self.train_tokens = train_tokens or self.num_tokens
         AF.check_scale(scale, self.train_tokens)
         if scale == "log_n" and num_landmarks < 2:
-            raise ValueError(f"scale='log_n' needs num_landmarks >= 2 (a softmax over 1 landmark has no scale), "
-                             f"got {num_landmarks}")
+            raise ValueError(
+                f"scale='log_n' needs num_landmarks >= 2 (a softmax over 1 landmark has no scale), got {num_landmarks}"
+            )
         self.num_landmarks, self.pinv_iterations, self.scale_mode = int(num_landmarks), int(pinv_iterations), scale
         self.conv = None
         if conv_kernel is not None:
-            self.conv = nn.Conv2d(num_heads, num_heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0),
-                                  groups=num_heads, bias=False, device=kwargs.get("device"), dtype=kwargs.get("dtype"))
+            self.conv = nn.Conv2d(
+                num_heads,
+                num_heads,
+                (conv_kernel, 1),
+                padding=(conv_kernel // 2, 0),
+                groups=num_heads,
+                bias=False,
+                device=kwargs.get("device"),
+                dtype=kwargs.get("dtype"),
+            )
 
     def options(self, num_tokens: int) -> dict:
         """Landmark count and the two logit scales at ``num_tokens`` tokens."""
@@ -151,5 +184,7 @@ class NystromAttention(ZooAttention):
 
     def extra_repr(self) -> str:
         kernel = None if self.conv is None else self.conv.kernel_size[0]
-        return (super().extra_repr() + f", num_landmarks={self.num_landmarks}, pinv_iterations={self.pinv_iterations}, "
-                f"conv_kernel={kernel}, scale={self.scale_mode}")
+        return (
+            super().extra_repr() + f", num_landmarks={self.num_landmarks}, pinv_iterations={self.pinv_iterations}, "
+            f"conv_kernel={kernel}, scale={self.scale_mode}"
+        )

@@ -4,6 +4,7 @@ random features, in O(n m d). The mathematics: docs/mechanisms.md section 7.
 The feature map is a registered spec (``{name: performer, num_features: 256}``), so ``linear`` can use
 it too; the ``performer`` mechanism is linear attention with that map plus the softmax's ``scale``.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,13 @@ from .functional import acc, check_scale, logit_scale
 from .linear import LinearAttention
 from .registry import register_attention
 
-__all__ = ["orthogonal_gaussian", "performer_features", "PerformerFeatureMap", "PerformerAttention",
-           "refuse_feature_map"]
+__all__ = [
+    "orthogonal_gaussian",
+    "performer_features",
+    "PerformerFeatureMap",
+    "PerformerAttention",
+    "refuse_feature_map",
+]
 
 
 def orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator) -> torch.Tensor:
@@ -30,8 +36,9 @@ def orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator)
     return (torch.cat(blocks)[:num_features] * norms).float()
 
 
-def performer_features(x: torch.Tensor, weight: torch.Tensor, is_query: bool,
-                       scale: Optional[float] = None) -> torch.Tensor:
+def performer_features(
+    x: torch.Tensor, weight: torch.Tensor, is_query: bool, scale: Optional[float] = None
+) -> torch.Tensor:
     """phi(x) = exp(W x' - |x'|^2 / 2 - c) / sqrt(m), x' = x sqrt(scale) (scale 1/sqrt(d): x / d^(1/4)).
 
     The stabiliser c is the exponent's max over each query row (q) or one constant over all keys and
@@ -63,9 +70,11 @@ class PerformerFeatureMap(FeatureMap):
         if num_features < 1:
             raise ValueError(f"num_features must be >= 1, got {num_features}; the paper's default is 256")
         if redraw_interval < 0:
-            raise ValueError(f"redraw_interval counts training steps and must be >= 0 (0 = never), got {redraw_interval}")
+            raise ValueError(
+                f"redraw_interval counts training steps and must be >= 0 (0 = never), got {redraw_interval}"
+            )
         self.num_features, self.redraw_interval = num_features, redraw_interval
-        self.register_buffer("seed", torch.randint(2 ** 62, ()))
+        self.register_buffer("seed", torch.randint(2**62, ()))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.register_buffer("weight", self.draw())
 
@@ -92,8 +101,10 @@ class PerformerFeatureMap(FeatureMap):
 def refuse_feature_map(name: str, options: dict) -> None:
     """Mechanisms that fix their own feature map refuse a ``feature_map`` option in one line."""
     if "feature_map" in options:
-        raise ValueError(f"attention {name!r} sets its own feature map; drop feature_map, or use attention "
-                         f"'linear' with feature_map: {{name: {name}, ...}}")
+        raise ValueError(
+            f"attention {name!r} sets its own feature map; drop feature_map, or use attention "
+            f"'linear' with feature_map: {{name: {name}, ...}}"
+        )
 
 
 @register_attention("performer")
@@ -104,8 +115,17 @@ class PerformerAttention(LinearAttention):
     x' = x sqrt(scale). Logit noise is the per-key factor exp(eps_j) of linear attention.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, num_features: int = 256, redraw_interval: int = 1000,
-                 scale: str = "sqrt_d", train_tokens: Optional[int] = None, **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        num_features: int = 256,
+        redraw_interval: int = 1000,
+        scale: str = "sqrt_d",
+        train_tokens: Optional[int] = None,
+        **kwargs,
+    ):
         refuse_feature_map("performer", kwargs)
         fmap = {"name": "performer", "num_features": num_features, "redraw_interval": redraw_interval}
         super().__init__(dim, num_heads, *args, feature_map=fmap, **kwargs)

@@ -2,6 +2,7 @@
 q and k mix the two halves of each head's values; a learnable power sharpens the features, a depthwise conv shared
 by the heads restores rank, a linear gate multiplies the result. The mathematics: docs/mechanisms.md section 14.
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -34,8 +35,9 @@ class KeyPositions(GridModule):
         self._resample_entry(state, prefix + "weight", src, dims=(1,))
 
 
-def polarity_features(q: torch.Tensor, k: torch.Tensor, power: torch.Tensor
-                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def polarity_features(
+    q: torch.Tensor, k: torch.Tensor, power: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(phi_S(q), phi_O(q), phi(k)): with x+ = relu(x)^p, x- = relu(-x)^p, phi_S(q) = [q+, q-], phi_O(q) = [q-, q+],
     phi(k) = [k+, k-] (2d features, fp32 or wider); ``power`` p broadcasts over the head's channels."""
     q, k = AF.acc(q), AF.acc(k)
@@ -44,8 +46,9 @@ def polarity_features(q: torch.Tensor, k: torch.Tensor, power: torch.Tensor
     return torch.cat([qp, qn], -1), torch.cat([qn, qp], -1), torch.cat([kp, kn], -1)
 
 
-def pola_attention(fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float = 1e-6,
-                   impl: str = "auto") -> torch.Tensor:
+def pola_attention(
+    fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float = 1e-6, impl: str = "auto"
+) -> torch.Tensor:
     """[A^S v1, A^O v2] by the kernel path: v1, v2 are the halves of each head's values, A^S, A^O the row-normalised
     phi_S(q).phi(k) and phi_O(q).phi(k); ``eps`` relative to the mean over keys (n eps on the sums)."""
     half, eps = v.shape[-1] // 2, eps * fk.shape[-2]
@@ -82,12 +85,23 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
     no_causal = "its conv and key positions see both sides; use attention='linear' with causal: true"
     resampled = "key positions P"
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, alpha: float = 4.0, kernel_size: int = 5,
-                 eps: float = 1e-6, impl: str = "auto", **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        alpha: float = 4.0,
+        kernel_size: int = 5,
+        eps: float = 1e-6,
+        impl: str = "auto",
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         if self.head_dim % 2:
-            raise ValueError(f"pola splits each head's values into two halves: head_dim={self.head_dim} must be even "
-                             "(set num_heads or head_dim)")
+            raise ValueError(
+                f"pola splits each head's values into two halves: head_dim={self.head_dim} must be even "
+                "(set num_heads or head_dim)"
+            )
         if not alpha > 0:
             raise ValueError(f"pola alpha={alpha} must be > 0 (the power p lies in (1, 1 + alpha); PolaFormer uses 4)")
         if impl not in AF.LINEAR_IMPLS:

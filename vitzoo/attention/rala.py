@@ -2,6 +2,7 @@
 mean query, decoupled per-head RoPE, LePE (a 5x5 depthwise conv of V) and a linear output gate. The mathematics:
 docs/mechanisms.md section 17.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,14 +35,17 @@ class RalaAttention(LinearGatedAttention, DecoupledRopeAttention):
     linear gate (no activation). Logit noise is Gaussian noise on the key-weighting softmax's logits.
     """
 
-    no_causal = ("its key weights need the mean of all queries first (no causal form); use attention='linear' with "
-                 "causal: true")
+    no_causal = (
+        "its key weights need the mean of all queries first (no causal form); use attention='linear' with causal: true"
+    )
 
     def __init__(self, dim: int, num_heads: int = 8, *args, kernel_size: int = 5, **kwargs):
         super().__init__(dim, num_heads, *args, kernel_size=kernel_size, **kwargs)
         if self.head_dim % 4:
-            raise ValueError(f"rala's RoPE turns channel pairs of each head, half by row and half by column: "
-                             f"head_dim={self.head_dim} must be a multiple of 4 (set num_heads or head_dim)")
+            raise ValueError(
+                f"rala's RoPE turns channel pairs of each head, half by row and half by column: "
+                f"head_dim={self.head_dim} must be a multiple of 4 (set num_heads or head_dim)"
+            )
 
     def features(self, q, k, logit_noise: float = 0.0):
         fq, fk = positive_features(q, k)

@@ -5,6 +5,7 @@ A spec is a name (``"linear"``) or a mapping with a ``name`` and options
 ``{"name": "hedgehog", "num_features": 32}``). A registered name may carry preset options
 (``taylor`` is ``LinearAttention`` with ``feature_map="taylor"``).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -13,8 +14,17 @@ from typing import Any, Collection, Dict, Mapping, Tuple, Union
 from ..options import reject_unknown
 from .base import ZooAttention
 
-__all__ = ["Spec", "Registry", "register_attention", "list_attentions", "resolve_attention", "attention_options",
-           "build_attention", "attention_layer", "AttentionSpec"]
+__all__ = [
+    "Spec",
+    "Registry",
+    "register_attention",
+    "list_attentions",
+    "resolve_attention",
+    "attention_options",
+    "build_attention",
+    "attention_layer",
+    "AttentionSpec",
+]
 
 Spec = Union[str, Mapping[str, Any]]  # a name, or a mapping with a "name" and options
 AttentionSpec = Spec
@@ -33,11 +43,13 @@ class Registry:
 
     def register(self, name: str, **preset):
         """Class decorator: register ``cls`` under ``name`` with preset options."""
+
         def wrap(cls: type):
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._entries[name] = (cls, dict(preset))
             return cls
+
         return wrap
 
     def names(self) -> list:
@@ -77,8 +89,9 @@ class Registry:
 
 
 # Arguments the backbone supplies; they describe the model, not the mechanism.
-_ATTENTIONS = Registry("attention", ZooAttention,
-                       context=("num_tokens", "num_prefix_tokens", "grid_size", "dim_out", "device", "dtype"))
+_ATTENTIONS = Registry(
+    "attention", ZooAttention, context=("num_tokens", "num_prefix_tokens", "grid_size", "dim_out", "device", "dtype")
+)
 register_attention = _ATTENTIONS.register
 list_attentions = _ATTENTIONS.names
 attention_options = _ATTENTIONS.options

@@ -1,4 +1,5 @@
 """Softmax (scaled dot-product) attention, with the entropy-invariant log-n scale (docs/mechanisms.md sections 1-2)."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -11,12 +12,21 @@ from .registry import register_attention
 
 __all__ = ["SoftmaxAttention"]
 
+
 @register_attention("softmax")
 class SoftmaxAttention(ZooAttention):
     """softmax(q k^T * scale) v; ``fused`` uses SDPA, the eager twin materialises the matrix."""
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, scale: str = "sqrt_d",
-                 train_tokens: Optional[int] = None, fused: bool = True, **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        scale: str = "sqrt_d",
+        train_tokens: Optional[int] = None,
+        fused: bool = True,
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         self.scale_mode = scale
         self.train_tokens = train_tokens or self.num_tokens
@@ -31,7 +41,8 @@ class SoftmaxAttention(ZooAttention):
         return AF.logit_scale(self.scale_mode, self.head_dim, num_keys, self.train_tokens)
 
     def scaled_queries(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor]):
-        """(q, scale) for the logits. The log-n scale counts the keys each query attends (docs/mechanisms.md section 1): under a mask that differs by query, so it is folded into q's rows (scale 1)."""
+        """(q, scale) for the logits. The log-n scale counts the keys each query attends (docs/mechanisms.md
+        section 1): under a mask that differs by query, so it is folded into q's rows (scale 1)."""
         counts = AF.attended_keys(attn_mask) if self.uses_log_n else None
         if counts is None:
             return q, self.logit_scale(k.shape[-2])
@@ -41,8 +52,16 @@ class SoftmaxAttention(ZooAttention):
         if is_causal:
             attn_mask = AF.causal_mask(q, k, attn_mask)
         q, scale = self.scaled_queries(q, k, attn_mask)
-        return AF.softmax_attention(q, k, v, scale=scale, logit_noise=logit_noise, attn_mask=attn_mask,
-                                    fused=self.fused, dropout_p=self.dropout_p)
+        return AF.softmax_attention(
+            q,
+            k,
+            v,
+            scale=scale,
+            logit_noise=logit_noise,
+            attn_mask=attn_mask,
+            fused=self.fused,
+            dropout_p=self.dropout_p,
+        )
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         if is_causal:

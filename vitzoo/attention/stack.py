@@ -9,6 +9,7 @@ form, a mapping from block ranges to specs plus options shared by all of them::
 A range is a Python slice of the blocks (``a:b``, ``a:``, ``:b``, negative from the end) or one block index
 ``i``; together the ranges must cover every block once (a slice may be empty at a small depth).
 """
+
 from __future__ import annotations
 
 import re
@@ -58,8 +59,10 @@ def block_specs(attention: Any, count: int) -> List[AttentionSpec]:
         ranges = {k: v for k, v in attention.items() if _RANGE.match(str(k).strip())}
         shared = {k: v for k, v in attention.items() if k not in ranges}
         if not ranges:
-            raise ValueError(f"attention {dict(attention)} has neither a 'name' nor block ranges; give one spec "
-                             "({'name': ...}), a list with one spec per block, or ranges ({':6': ..., '6:': ...})")
+            raise ValueError(
+                f"attention {dict(attention)} has neither a 'name' nor block ranges; give one spec "
+                "({'name': ...}), a list with one spec per block, or ranges ({':6': ..., '6:': ...})"
+            )
         owner: Dict[int, Any] = {}
         for key, spec in ranges.items():
             for block in _blocks(key, count):
@@ -68,14 +71,18 @@ def block_specs(attention: Any, count: int) -> List[AttentionSpec]:
                 owner[block] = key
         missing = [b for b in range(count) if b not in owner]
         if missing:
-            raise ValueError(f"attention ranges {list(ranges)} leave blocks {missing} without a mechanism; cover "
-                             f"blocks 0-{count - 1} (e.g. end with 'i:')")
+            raise ValueError(
+                f"attention ranges {list(ranges)} leave blocks {missing} without a mechanism; cover "
+                f"blocks 0-{count - 1} (e.g. end with 'i:')"
+            )
         specs = [_with(ranges[owner[b]], shared) for b in range(count)]
     else:
         specs = list(attention)
         if len(specs) != count:
-            raise ValueError(f"attention lists {len(specs)} specs for {count} blocks; give one per block (or the "
-                             "short form {':6': ..., '6:': ...})")
+            raise ValueError(
+                f"attention lists {len(specs)} specs for {count} blocks; give one per block (or the "
+                "short form {':6': ..., '6:': ...})"
+            )
     for spec in specs:
         resolve_attention(spec)
     return specs
@@ -98,6 +105,7 @@ def check_attention(attention: Any) -> None:
 def per_block(block_fn: Callable[..., Any], layers: Sequence[type]) -> Callable[..., Any]:
     """timm's ``block_fn`` building block i with ``layers[i]`` as its ``attn_layer`` (timm passes each block's index
     as ``depth``)."""
+
     def build(*args, depth: int = 0, **kwargs):
         return block_fn(*args, **{**kwargs, "attn_layer": layers[depth], "depth": depth})
 

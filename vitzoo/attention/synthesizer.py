@@ -18,6 +18,7 @@ which is left as is. In exchange, a state dict saved at another grid (each gener
 ``grid.GridModule``, resampled on load from its persistent ``layout`` buffer) gives exactly the
 function the saved model computes at this grid with ``interpolate: true``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple, cast
@@ -31,9 +32,19 @@ from .grid import GridBoundAttention, GridModule, Layout, resample_tokens
 from .registry import register_attention
 
 __all__ = [
-    "DenseLogits", "FactorizedDenseLogits", "RandomLogits", "FactorizedRandomLogits",
-    "DotProductLogits", "MixLogits", "SynthesizerAttention", "SynthDenseAttention", "SynthRandomAttention",
-    "SynthFactorizedDenseAttention", "SynthFactorizedRandomAttention", "SynthMixAttention", "MIX_PARTS",
+    "DenseLogits",
+    "FactorizedDenseLogits",
+    "RandomLogits",
+    "FactorizedRandomLogits",
+    "DotProductLogits",
+    "MixLogits",
+    "SynthesizerAttention",
+    "SynthDenseAttention",
+    "SynthRandomAttention",
+    "SynthFactorizedDenseAttention",
+    "SynthFactorizedRandomAttention",
+    "SynthMixAttention",
+    "MIX_PARTS",
 ]
 
 MIX_PARTS = ("dense", "random", "factorized_dense", "factorized_random", "softmax")
@@ -46,8 +57,16 @@ class DenseLogits(GridModule):
     W2 maps ``hidden`` (default: dim) to H * ``width`` (default: the built token count).
     """
 
-    def __init__(self, dim: int, num_heads: int, layout: Layout, hidden: Optional[int] = None,
-                 width: Optional[int] = None, device=None, dtype=None):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        layout: Layout,
+        hidden: Optional[int] = None,
+        width: Optional[int] = None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(layout, device)
         hidden = hidden or dim
         if hidden < 1:
@@ -87,8 +106,16 @@ class FactorizedDenseLogits(DenseLogits):
     they get their own dense logits (W2 predicts prefix + a + b values per head).
     """
 
-    def __init__(self, dim: int, num_heads: int, layout: Layout, hidden: Optional[int] = None,
-                 factors: Optional[Sequence[int]] = None, device=None, dtype=None):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        layout: Layout,
+        hidden: Optional[int] = None,
+        factors: Optional[Sequence[int]] = None,
+        device=None,
+        dtype=None,
+    ):
         pair = _check_factors(factors, layout)
         super().__init__(dim, num_heads, layout, hidden, layout.prefix + sum(pair), device, dtype)
         self.factors = pair
@@ -99,8 +126,10 @@ class FactorizedDenseLogits(DenseLogits):
 
     def resample_state(self, state, prefix, src):
         if self.factors != (self.built.h, self.built.w):
-            raise ValueError(f"synth_factorized_dense with factors={list(self.factors)} cannot be resampled from "
-                             f"grid {src.h}x{src.w}; build it with the default factors (the patch grid's h, w)")
+            raise ValueError(
+                f"synth_factorized_dense with factors={list(self.factors)} cannot be resampled from "
+                f"grid {src.h}x{src.w}; build it with the default factors (the patch grid's h, w)"
+            )
         for key in ("fc2.weight", "fc2.bias"):
             if prefix + key not in state:
                 continue
@@ -147,7 +176,7 @@ class FactorizedRandomLogits(GridModule):
         super().__init__(layout, device)
         if rank < 1:
             raise ValueError(f"rank must be >= 1, got {rank}")
-        std = rank ** -0.25
+        std = rank**-0.25
         self.r1 = nn.Parameter(torch.randn(num_heads, layout.tokens, rank, device=device, dtype=dtype) * std)
         self.r2 = nn.Parameter(torch.randn(num_heads, layout.tokens, rank, device=device, dtype=dtype) * std)
 
@@ -253,8 +282,15 @@ class SynthRandomAttention(SynthesizerAttention):
 class SynthFactorizedDenseAttention(SynthesizerAttention):
     """Factorized dense Synthesizer: B[i, (r, c)] = B1[i, r] B2[i, c], ``factors`` (a, b) default the grid (h, w)."""
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, hidden: Optional[int] = None,
-                 factors: Optional[Sequence[int]] = None, **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        hidden: Optional[int] = None,
+        factors: Optional[Sequence[int]] = None,
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         self.synth = FactorizedDenseLogits(dim, self.num_heads, self.built_layout, hidden, factors, **_dd(kwargs))
 
@@ -276,9 +312,20 @@ class SynthMixAttention(SynthesizerAttention):
     only when it is a part. The other options go to the parts that use them.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, parts: Sequence[str] = ("random", "softmax"),
-                 scale: str = "sqrt_d", train_tokens: Optional[int] = None, hidden: Optional[int] = None,
-                 factors: Optional[Sequence[int]] = None, rank: int = 8, trainable: bool = True, **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        parts: Sequence[str] = ("random", "softmax"),
+        scale: str = "sqrt_d",
+        train_tokens: Optional[int] = None,
+        hidden: Optional[int] = None,
+        factors: Optional[Sequence[int]] = None,
+        rank: int = 8,
+        trainable: bool = True,
+        **kwargs,
+    ):
         parts = _check_parts(parts)
         self.projections = ("q", "k", "v") if "softmax" in parts else ("v",)  # read by ZooAttention.__init__
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -301,8 +348,9 @@ class SynthMixAttention(SynthesizerAttention):
         if dot is not None and dot.uses_log_n and (attn_mask is not None or is_causal):
             counts = AF.attended_keys(AF.causal_mask(q, k, attn_mask) if is_causal else attn_mask)
             assert counts is not None and dot.train_tokens is not None  # a mask is given; log_n has train_tokens
-            ratio = AF.entropy_scale(dot.head_dim, counts, dot.train_tokens) / \
-                AF.entropy_scale(dot.head_dim, k.shape[-2], dot.train_tokens)
+            ratio = AF.entropy_scale(dot.head_dim, counts, dot.train_tokens) / AF.entropy_scale(
+                dot.head_dim, k.shape[-2], dot.train_tokens
+            )
             q = q * ratio.to(q.dtype)
         return super().logits(x, q, k, attn_mask, is_causal)
 
@@ -317,9 +365,11 @@ def _check_factors(factors: Optional[Sequence[int]], layout: Layout) -> Tuple[in
     grid = layout.h * layout.w
     pair = tuple(int(f) for f in factors)
     if len(pair) != 2 or min(pair) < 1 or pair[0] * pair[1] != grid:
-        raise ValueError(f"factors={list(factors)} must be two positive integers whose product is the {grid} grid "
-                         f"tokens ({layout.h}x{layout.w}; prefix tokens get their own logits), e.g. "
-                         f"factors: [{layout.h}, {layout.w}]")
+        raise ValueError(
+            f"factors={list(factors)} must be two positive integers whose product is the {grid} grid "
+            f"tokens ({layout.h}x{layout.w}; prefix tokens get their own logits), e.g. "
+            f"factors: [{layout.h}, {layout.w}]"
+        )
     return pair
 
 

@@ -3,6 +3,7 @@
 Shifted windows (alternate blocks) are the Swin partition; prefix (class) tokens are global. The
 mathematics, cost and resolution behaviour are in docs/mechanisms.md, section 13.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,7 +52,7 @@ class Windows(NamedTuple):
         """Windows (..., n_windows, wh*ww, D) -> grid tokens (..., h*w, D), padding dropped."""
         (nh, nw), (wh, ww), (h, w) = self.counts, self.size, self.grid
         g = t.unflatten(-3, (nh, nw)).unflatten(-2, (wh, ww)).transpose(-4, -3).flatten(-5, -4).flatten(-3, -2)
-        return g[..., self.pad[0]:self.pad[0] + h, self.pad[2]:self.pad[2] + w, :].flatten(-3, -2)
+        return g[..., self.pad[0] : self.pad[0] + h, self.pad[2] : self.pad[2] + w, :].flatten(-3, -2)
 
 
 def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Windows:
@@ -90,10 +91,19 @@ def _relative_bias(table: torch.Tensor, size: Grid, window_size: int, num_prefix
     return F.pad(bias, (0, num_prefix))
 
 
-def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, window_size: int = 7,
-                     shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None,
-                     logit_noise: float = 0.0, dropout_p: float = 0.0,
-                     rel_table: Optional[torch.Tensor] = None) -> torch.Tensor:
+def window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grid: Grid,
+    window_size: int = 7,
+    shifted: bool = False,
+    num_prefix: int = 0,
+    train_keys: Optional[int] = None,
+    logit_noise: float = 0.0,
+    dropout_p: float = 0.0,
+    rel_table: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Patch queries: softmax over their window's keys and the prefix keys; prefix queries: over all keys.
 
     O(n (w^2 + P) d) time. ``train_keys``: None for 1/sqrt(d), else the log-n scale's reference count.
@@ -114,19 +124,29 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Gr
     if rel_table is not None:
         bias = _relative_bias(rel_table, layout.size, window_size, P, q)[:, None]  # (H, 1, L, S)
         mask = torch.where(keep[None, :, None, :], bias, float("-inf")).flatten(0, 1)
-    mixed = AF.softmax_attention((qw * scale).flatten(1, 2), kw.flatten(1, 2), vw.flatten(1, 2), 1.0, logit_noise,
-                                 mask, dropout_p=dropout_p)
+    mixed = AF.softmax_attention(
+        (qw * scale).flatten(1, 2), kw.flatten(1, 2), vw.flatten(1, 2), 1.0, logit_noise, mask, dropout_p=dropout_p
+    )
     out = layout.merge(mixed.unflatten(1, (heads, windows)))
     if not P:
         return out
-    prefix = AF.softmax_attention(q[:, :, :P], k, v, AF.query_scale(q, k.shape[-2], train_keys), logit_noise,
-                                  dropout_p=dropout_p)
+    prefix = AF.softmax_attention(
+        q[:, :, :P], k, v, AF.query_scale(q, k.shape[-2], train_keys), logit_noise, dropout_p=dropout_p
+    )
     return torch.cat([prefix, out], dim=2)
 
 
-def window_probs(q: torch.Tensor, k: torch.Tensor, grid: Grid, query_index: torch.Tensor, window_size: int = 7,
-                 shifted: bool = False, num_prefix: int = 0, train_keys: Optional[int] = None,
-                 rel_table: Optional[torch.Tensor] = None) -> torch.Tensor:
+def window_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    grid: Grid,
+    query_index: torch.Tensor,
+    window_size: int = 7,
+    shifted: bool = False,
+    num_prefix: int = 0,
+    train_keys: Optional[int] = None,
+    rel_table: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The implied n x n matrix (rows ``query_index``): zero outside each query's window and the prefix."""
     ids = window_layout(grid, window_size, shifted).index(q.device)
     ids = torch.cat([ids.new_full((num_prefix,), -1), ids])
@@ -149,18 +169,28 @@ class WindowAttention(ZooAttention):
     (window keys + prefix); its reference is a full window at the build grid.
     """
 
-    no_mask = no_causal = ("its mask is the window partition; use attention='softmax' for masked or causal "
-                           "inputs")
+    no_mask = no_causal = "its mask is the window partition; use attention='softmax' for masked or causal inputs"
 
-    def __init__(self, dim: int, num_heads: int = 8, *args, window_size: int = 7, shift: bool = True,
-                 rel_pos: bool = False, scale: str = "sqrt_d", **kwargs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args,
+        window_size: int = 7,
+        shift: bool = True,
+        rel_pos: bool = False,
+        scale: str = "sqrt_d",
+        **kwargs,
+    ):
         super().__init__(dim, num_heads, *args, **kwargs)
         if int(window_size) != window_size or window_size < 1:
             raise ValueError(f"window_size must be a positive integer (tokens per window side), got {window_size!r}")
         self.window_size, self.shift, self.scale_mode = int(window_size), bool(shift), scale
         if scale == "log_n" and self.grid_size is None:
-            raise ValueError("scale='log_n' needs the training grid: build window attention inside a vitzoo model "
-                             "or pass grid_size=(h, w)")
+            raise ValueError(
+                "scale='log_n' needs the training grid: build window attention inside a vitzoo model "
+                "or pass grid_size=(h, w)"
+            )
         self.train_keys = None
         if scale == "log_n":
             assert self.grid_size is not None  # checked just above
@@ -170,8 +200,11 @@ class WindowAttention(ZooAttention):
             raise ValueError(f"window rel_pos={rel_pos!r}; give true or false")
         self.rel_table = None
         if rel_pos:
-            self.rel_table = nn.Parameter(torch.empty((2 * self.window_size - 1) ** 2, num_heads,
-                                                      device=kwargs.get("device"), dtype=kwargs.get("dtype")))
+            self.rel_table = nn.Parameter(
+                torch.empty(
+                    (2 * self.window_size - 1) ** 2, num_heads, device=kwargs.get("device"), dtype=kwargs.get("dtype")
+                )
+            )
             nn.init.trunc_normal_(self.rel_table, std=0.02)
 
     @property
@@ -180,16 +213,25 @@ class WindowAttention(ZooAttention):
         return self.shift and self.block_index % 2 == 1
 
     def _options(self, num_tokens: int) -> dict:
-        return dict(grid=self.current_grid(num_tokens), window_size=self.window_size, shifted=self.shifted,
-                    num_prefix=self.num_prefix_tokens, train_keys=self.train_keys, rel_table=self.rel_table)
+        return dict(
+            grid=self.current_grid(num_tokens),
+            window_size=self.window_size,
+            shifted=self.shifted,
+            num_prefix=self.num_prefix_tokens,
+            train_keys=self.train_keys,
+            rel_table=self.rel_table,
+        )
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        return window_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p,
-                                **self._options(q.shape[-2]))
+        return window_attention(
+            q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p, **self._options(q.shape[-2])
+        )
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         return window_probs(q, k, query_index=query_index, **self._options(q.shape[-2]))
 
     def extra_repr(self) -> str:
-        return (super().extra_repr() + f", window_size={self.window_size}, shift={self.shift}, "
-                f"rel_pos={self.rel_table is not None}, scale={self.scale_mode}")
+        return (
+            super().extra_repr() + f", window_size={self.window_size}, shift={self.shift}, "
+            f"rel_pos={self.rel_table is not None}, scale={self.scale_mode}"
+        )

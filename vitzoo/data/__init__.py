@@ -1,4 +1,5 @@
 """LightningDataModules (digits, CIFAR, image folders, synthetic) with albumentations pipelines."""
+
 from .cifar import CIFAR10DataModule, CIFAR100DataModule
 from .datamodule import ImageDataModule, ImageDataset, read_rgb
 from .digits import DigitsDataModule, digits_arrays
@@ -7,7 +8,17 @@ from .synthetic import SyntheticDataModule
 from .transforms import POLICIES, build_eval_transform, build_train_transform, seed_worker
 
 __all__ = [
-    "ImageDataModule", "ImageDataset", "read_rgb", "DigitsDataModule", "digits_arrays", "CIFAR10DataModule",
-    "CIFAR100DataModule", "ImageFolderDataModule", "SyntheticDataModule", "POLICIES", "build_train_transform",
-    "build_eval_transform", "seed_worker",
+    "ImageDataModule",
+    "ImageDataset",
+    "read_rgb",
+    "DigitsDataModule",
+    "digits_arrays",
+    "CIFAR10DataModule",
+    "CIFAR100DataModule",
+    "ImageFolderDataModule",
+    "SyntheticDataModule",
+    "POLICIES",
+    "build_train_transform",
+    "build_eval_transform",
+    "seed_worker",
 ]

@@ -2,6 +2,7 @@
 
 The val split is the official 10,000-image test set.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,12 @@ class CIFAR10DataModule(ImageDataModule):
     statistics = (CIFAR10_MEAN, CIFAR10_STD)  # the training split's channel mean and std, the default mean/std
 
     def __init__(self, root: str = "data", download: bool = True, img_size: int = 32, mean=None, std=None, **kwargs):
-        super().__init__(img_size=img_size, mean=self.statistics[0] if mean is None else mean,
-                         std=self.statistics[1] if std is None else std, **kwargs)
+        super().__init__(
+            img_size=img_size,
+            mean=self.statistics[0] if mean is None else mean,
+            std=self.statistics[1] if std is None else std,
+            **kwargs,
+        )
         self.root, self.download = os.fspath(root), download
 
     def _missing(self, reason: str) -> FileNotFoundError:
@@ -35,7 +40,8 @@ class CIFAR10DataModule(ImageDataModule):
         return FileNotFoundError(
             f"{name} is not under data.root={self.root!r} ({reason}). Download it once with data.download=true "
             f"on a machine with internet, or extract {self.archive} so that {self.root}/{self.folder} exists, "
-            f"or train on a folder of images: data=imagefolder data.root=<dir with train/<class>/*>")
+            f"or train on a folder of images: data=imagefolder data.root=<dir with train/<class>/*>"
+        )
 
     def prepare_data(self) -> None:
         if not self.download:

@@ -1,6 +1,7 @@
 """The shared LightningDataModule: splits of (HWC uint8 image, label) -> a transform recipe (albumentations'
 ``cifar`` or timm's ``deit``, :mod:`~vitzoo.data.recipes`) -> loaders, or (``device_cache``) the device-resident
 path of :mod:`~vitzoo.data.device_data`."""
+
 from __future__ import annotations
 
 import logging
@@ -26,6 +27,7 @@ __all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE
 log = logging.getLogger(__name__)
 
 DEVICE_CACHE_MAX_SIZE = 64  # device_cache=null turns the device path on for CUDA runs up to this img_size
+
 
 class ImageDataset(Dataset):
     """(image, label) pairs; ``images`` is an (N, H, W, C) uint8 array or a list of file paths (read with
@@ -78,11 +80,22 @@ class ImageDataModule(L.LightningDataModule):
     num_classes: int
     in_chans: int = 3
 
-    def __init__(self, img_size: int, batch_size: int = 128, num_workers: Union[int, str] = "auto",
-                 mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                 aug: Optional[Mapping[str, Any]] = None, eval_batch_size: Optional[int] = None,
-                 pin_memory: bool = False, device_cache: Optional[bool] = None, recipe: str = "cifar",
-                 crop_pct: Optional[float] = None, interpolation: Optional[str] = None, repeated_aug: int = 1):
+    def __init__(
+        self,
+        img_size: int,
+        batch_size: int = 128,
+        num_workers: Union[int, str] = "auto",
+        mean: Sequence[float] = (0.5, 0.5, 0.5),
+        std: Sequence[float] = (0.5, 0.5, 0.5),
+        aug: Optional[Mapping[str, Any]] = None,
+        eval_batch_size: Optional[int] = None,
+        pin_memory: bool = False,
+        device_cache: Optional[bool] = None,
+        recipe: str = "cifar",
+        crop_pct: Optional[float] = None,
+        interpolation: Optional[str] = None,
+        repeated_aug: int = 1,
+    ):
         super().__init__()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
         self.num_workers = resolve_num_workers(num_workers)
@@ -99,13 +112,18 @@ class ImageDataModule(L.LightningDataModule):
         if device_cache not in (None, True, False):
             raise ValueError(f"data.device_cache={device_cache!r}; set it to true, false or null (automatic)")
         if device_cache and recipe != "cifar":
-            raise ValueError(f"data.device_cache=true implements the cifar recipe's crop and flip only; with "
-                             f"data.recipe={recipe} set data.device_cache=false")
+            raise ValueError(
+                f"data.device_cache=true implements the cifar recipe's crop and flip only; with "
+                f"data.recipe={recipe} set data.device_cache=false"
+            )
         if device_cache:
             check_device_aug(self.aug)
             if isinstance(num_workers, int) and num_workers > 0:
-                log.warning("data.num_workers=%d is not used: the device path (data.device_cache=true) needs no "
-                            "DataLoader workers; drop it or set data.num_workers=0", num_workers)
+                log.warning(
+                    "data.num_workers=%d is not used: the device path (data.device_cache=true) needs no "
+                    "DataLoader workers; drop it or set data.num_workers=0",
+                    num_workers,
+                )
         self.device_cache = device_cache
         self.train_dataset: Optional[ImageDataset] = None
         self.val_dataset: Optional[ImageDataset] = None
@@ -118,12 +136,15 @@ class ImageDataModule(L.LightningDataModule):
     def _load(self, split: str) -> Tuple[Images, Sequence[int]]:
         """``load_split`` with its labels checked against ``num_classes`` (once per split, not per batch)."""
         images, labels = self.load_split(split)
-        outside = sorted({int(x) for x in np.unique(np.asarray(labels, dtype=np.int64))
-                          if not 0 <= x < self.num_classes})
+        outside = sorted(
+            {int(x) for x in np.unique(np.asarray(labels, dtype=np.int64)) if not 0 <= x < self.num_classes}
+        )
         if outside:
-            raise ValueError(f"the {split} split has labels {outside[:5]} outside 0..{self.num_classes - 1} "
-                             f"({type(self).__name__}.num_classes={self.num_classes}); fix the labels or the class "
-                             f"count")
+            raise ValueError(
+                f"the {split} split has labels {outside[:5]} outside 0..{self.num_classes - 1} "
+                f"({type(self).__name__}.num_classes={self.num_classes}); fix the labels or the class "
+                f"count"
+            )
         return images, labels
 
     def cache_file(self, split: str) -> Optional[Path]:
@@ -150,8 +171,11 @@ class ImageDataModule(L.LightningDataModule):
     def _decoded(self, split: str) -> Tuple[torch.Tensor, np.ndarray]:
         images, labels = self._load(split)
         cache = self.cache_file(split)
-        decoded = decode_split(images, self.img_size) if cache is None else \
-            load_or_build_cache(cache, images, labels, self.img_size)
+        decoded = (
+            decode_split(images, self.img_size)
+            if cache is None
+            else load_or_build_cache(cache, images, labels, self.img_size)
+        )
         return decoded, np.asarray(labels, dtype=np.int64)
 
     def setup(self, stage: Optional[str] = None) -> None:
@@ -160,8 +184,13 @@ class ImageDataModule(L.LightningDataModule):
         if self.device_splits is None and stage in (None, "fit") and self.uses_device_cache():
             self.device_splits = {split: self._decoded(split) for split in ("train", "val")}
             self._check_batch_size(len(self.device_splits["train"][1]))
-            log.info("data: device-resident path on %s (%d train / %d val images decoded at %d px)", self._device(),
-                     len(self.device_splits["train"][1]), len(self.device_splits["val"][1]), self.img_size)
+            log.info(
+                "data: device-resident path on %s (%d train / %d val images decoded at %d px)",
+                self._device(),
+                len(self.device_splits["train"][1]),
+                len(self.device_splits["val"][1]),
+                self.img_size,
+            )
         # val_dataset exists on both paths: callbacks and eval.py read single images from it.
         recipe = self.build_recipe() if self.train_dataset is None or self.val_dataset is None else None
         if self.device_splits is None and stage in (None, "fit") and self.train_dataset is None:
@@ -172,13 +201,23 @@ class ImageDataModule(L.LightningDataModule):
 
     def build_recipe(self):
         """The transforms of ``data.recipe`` at this module's size and statistics."""
-        return build_recipe(self.recipe, self.img_size, self.mean, self.std, self.aug, self.crop_pct,
-                            self.interpolation, self.pretrained_cfg)
+        return build_recipe(
+            self.recipe,
+            self.img_size,
+            self.mean,
+            self.std,
+            self.aug,
+            self.crop_pct,
+            self.interpolation,
+            self.pretrained_cfg,
+        )
 
     def _check_batch_size(self, num_train: int) -> None:
         if num_train < self.batch_size:
-            raise ValueError(f"data.batch_size={self.batch_size} is larger than the training set "
-                             f"({num_train} images); lower data.batch_size")
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is larger than the training set "
+                f"({num_train} images); lower data.batch_size"
+            )
 
     def _device_loader(self, train: bool) -> DeviceBatches:
         images, labels = self.device_splits["train" if train else "val"]
@@ -187,9 +226,20 @@ class ImageDataModule(L.LightningDataModule):
         augment = self.aug.get("policy", "basic") != "none"
         crop = self.aug.get("crop_padding", CROP_PADDING) if augment else 0
         hflip = self.aug.get("hflip", HFLIP) and augment
-        return DeviceBatches(images, labels, self.batch_size if train else self.eval_batch_size, self.mean, self.std,
-                             train=train, device=self._device(), seed=int(torch.randint(2**31, ()).item()) + rank,
-                             crop_padding=crop, hflip=hflip, rank=rank, world_size=world)
+        return DeviceBatches(
+            images,
+            labels,
+            self.batch_size if train else self.eval_batch_size,
+            self.mean,
+            self.std,
+            train=train,
+            device=self._device(),
+            seed=int(torch.randint(2**31, ()).item()) + rank,
+            crop_padding=crop,
+            hflip=hflip,
+            rank=rank,
+            world_size=world,
+        )
 
     def _loader(self, dataset: Optional[ImageDataset], train: bool) -> DataLoader:
         if self.device_splits is not None:
@@ -198,9 +248,12 @@ class ImageDataModule(L.LightningDataModule):
             raise RuntimeError("call setup() before asking for a dataloader")
         rank = self.trainer.global_rank if self.trainer is not None else 0
         # pinned host memory only speeds copies to a GPU (torch warns on a CPU run)
-        common = dict(num_workers=self.num_workers, pin_memory=self.pin_memory and self._device().type == "cuda",
-                      persistent_workers=self.num_workers > 0,
-                      worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None)
+        common = dict(
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and self._device().type == "cuda",
+            persistent_workers=self.num_workers > 0,
+            worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None,
+        )
         if not train:
             return DataLoader(dataset, batch_size=self.eval_batch_size, **common)
         # The shuffle and the augmentation follow the run's seed (what seed_everything exported, as
@@ -209,15 +262,24 @@ class ImageDataModule(L.LightningDataModule):
         dataset.seed = seed
         world = self.trainer.world_size if self.trainer is not None else 1
         if self.repeated_aug > 1 and world > 1:
-            sampler = RepeatAugEpochSampler(dataset, num_replicas=world, rank=rank, seed=seed,
-                                            num_repeats=self.repeated_aug)
+            sampler = RepeatAugEpochSampler(
+                dataset, num_replicas=world, rank=rank, seed=seed, num_repeats=self.repeated_aug
+            )
         else:
             if self.repeated_aug > 1:
-                log.info("data.repeated_aug=%d applies under DDP (it spreads an image's copies over the ranks); "
-                         "one process draws each image once per epoch", self.repeated_aug)
+                log.info(
+                    "data.repeated_aug=%d applies under DDP (it spreads an image's copies over the ranks); "
+                    "one process draws each image once per epoch",
+                    self.repeated_aug,
+                )
             sampler = EpochSampler(dataset, num_replicas=world, rank=rank, seed=seed)
-        return ResumableLoader(dataset, sampler=sampler, batch_size=self.batch_size,
-                               generator=torch.Generator().manual_seed(seed), **common)
+        return ResumableLoader(
+            dataset,
+            sampler=sampler,
+            batch_size=self.batch_size,
+            generator=torch.Generator().manual_seed(seed),
+            **common,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, train=True)

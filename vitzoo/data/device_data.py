@@ -8,6 +8,7 @@ the LightningModule on the batch, as they do for the other path. The strong poli
 cut-out steps and Gaussian-noise augmentation exist only in the albumentations path: asking for them here
 is an error, never a silent skip.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,15 +25,20 @@ from .images import Images, read_rgb
 
 __all__ = ["decode_split", "load_or_build_cache", "DeviceBatches", "check_device_aug"]
 
+
 def check_device_aug(aug: dict) -> None:
     """A clear error for augmentation options the device path does not implement."""
     policy = aug.get("policy", "basic")
     if policy == "strong":
-        raise ValueError("data.aug.policy=strong (affine, colour jitter, cut-out) runs only in the albumentations "
-                         "path; set data.device_cache=false, or data.aug.policy=basic (mixup/cutmix still apply)")
+        raise ValueError(
+            "data.aug.policy=strong (affine, colour jitter, cut-out) runs only in the albumentations "
+            "path; set data.device_cache=false, or data.aug.policy=basic (mixup/cutmix still apply)"
+        )
     if aug.get("gauss_noise", 0.0) > 0:
-        raise ValueError("data.aug.gauss_noise runs only in the albumentations path; set data.device_cache=false "
-                         "or data.aug.gauss_noise=0")
+        raise ValueError(
+            "data.aug.gauss_noise runs only in the albumentations path; set data.device_cache=false "
+            "or data.aug.gauss_noise=0"
+        )
 
 
 def _decode_one(image, img_size: int) -> np.ndarray:
@@ -68,11 +74,15 @@ def load_or_build_cache(cache: Path, images: Images, labels: Sequence[int], img_
         try:
             saved = torch.load(cache, map_location="cpu", weights_only=True)
         except Exception as err:
-            raise ValueError(f"cannot read the decoded-image cache {cache} ({type(err).__name__}); delete it and it "
-                             f"is rebuilt on the next run") from err
+            raise ValueError(
+                f"cannot read the decoded-image cache {cache} ({type(err).__name__}); delete it and it "
+                f"is rebuilt on the next run"
+            ) from err
         if saved.get("fingerprint") != key:
-            raise ValueError(f"the decoded-image cache {cache} was built from other images (files added, removed or "
-                             f"changed since, or another img_size); delete it and it is rebuilt on the next run")
+            raise ValueError(
+                f"the decoded-image cache {cache} was built from other images (files added, removed or "
+                f"changed since, or another img_size); delete it and it is rebuilt on the next run"
+            )
         return saved["images"]
     decoded = decode_split(images, img_size)
     tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
@@ -81,8 +91,10 @@ def load_or_build_cache(cache: Path, images: Images, labels: Sequence[int], img_
         torch.save({"fingerprint": key, "images": decoded}, tmp)
         os.replace(tmp, cache)  # atomic: a concurrent run never reads half a file
     except OSError as err:
-        raise ValueError(f"cannot write the decoded-image cache {cache} ({err.strerror}); make {cache.parent} "
-                         f"writable or set data.device_cache=false") from err
+        raise ValueError(
+            f"cannot write the decoded-image cache {cache} ({err.strerror}); make {cache.parent} "
+            f"writable or set data.device_cache=false"
+        ) from err
     return decoded
 
 
@@ -94,9 +106,22 @@ class DeviceBatches:
     takes every ``world_size``-th image of the permutation (see :meth:`_per_rank`).
     """
 
-    def __init__(self, images: torch.Tensor, labels: Sequence[int], batch_size: int, mean: Sequence[float],
-                 std: Sequence[float], *, train: bool, device: Union[str, torch.device] = "cpu", seed: int = 0,
-                 crop_padding: int = 0, hflip: bool = False, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: Sequence[int],
+        batch_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        train: bool,
+        device: Union[str, torch.device] = "cpu",
+        seed: int = 0,
+        crop_padding: int = 0,
+        hflip: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         self.device = torch.device(device)
         self.images = images.to(self.device)
         self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.long, device=self.device)
@@ -122,8 +147,8 @@ class DeviceBatches:
             order = torch.arange(n, device=self.device)
         need = self._per_rank() * self.world_size
         if need > n:
-            order = torch.cat([order, order[:need - n]])
-        return order[self.rank:need:self.world_size]
+            order = torch.cat([order, order[: need - n]])
+        return order[self.rank : need : self.world_size]
 
     def __len__(self) -> int:
         per_rank = self._per_rank()
@@ -148,7 +173,7 @@ class DeviceBatches:
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         order = self._order()
         for start in range(0, min(len(self) * self.batch_size, len(order)), self.batch_size):
-            index = order[start:start + self.batch_size]
+            index = order[start : start + self.batch_size]
             x = self.images[index]
             if self.train:
                 x = self.augment(x)

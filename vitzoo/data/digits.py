@@ -4,6 +4,7 @@ The images ship inside scikit-learn's wheel, so this works offline with nothing 
 They are scaled to uint8, given three equal channels and resized to ``img_size`` by the
 transforms; the train/val split is stratified with a fixed seed.
 """
+
 from __future__ import annotations
 
 from typing import Tuple
@@ -32,8 +33,15 @@ class DigitsDataModule(ImageDataModule):
 
     num_classes = 10
 
-    def __init__(self, img_size: int = 16, val_fraction: float = 0.2, split_seed: int = 0,
-                 mean=DIGITS_MEAN, std=DIGITS_STD, **kwargs):
+    def __init__(
+        self,
+        img_size: int = 16,
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        mean=DIGITS_MEAN,
+        std=DIGITS_STD,
+        **kwargs,
+    ):
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
         super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)
@@ -43,7 +51,8 @@ class DigitsDataModule(ImageDataModule):
     def load_split(self, split: str):
         if self._splits is None:
             images, labels = digits_arrays()
-            x_tr, x_va, y_tr, y_va = train_test_split(images, labels, test_size=self.val_fraction,
-                                                      stratify=labels, random_state=self.split_seed)
+            x_tr, x_va, y_tr, y_va = train_test_split(
+                images, labels, test_size=self.val_fraction, stratify=labels, random_state=self.split_seed
+            )
             self._splits = {"train": (x_tr, y_tr), "val": (x_va, y_va)}
         return self._splits[split]

@@ -1,4 +1,5 @@
 """Any ``root/train/<class>/*`` image tree, with ``root/val/<class>/*`` or a seeded val split."""
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,16 @@ class ImageFolderDataModule(ImageDataModule):
     is ``val_fraction`` of train, stratified with ``split_seed``. Images are resized to
     ``img_size`` square."""
 
-    def __init__(self, root: str, img_size: int = 32, val_fraction: float = 0.1, split_seed: int = 0,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, **kwargs):
+    def __init__(
+        self,
+        root: str,
+        img_size: int = 32,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        **kwargs,
+    ):
         super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)
         self.root = Path(os.path.expanduser(os.fspath(root)))
         self.val_fraction, self.split_seed = val_fraction, split_seed
@@ -42,11 +51,14 @@ class ImageFolderDataModule(ImageDataModule):
         if not train.is_dir():
             raise FileNotFoundError(
                 f"data.root={os.fspath(self.root)!r} has no train/ folder; point data.root at a folder holding "
-                f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)")
+                f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)"
+            )
         self.classes = sorted(d.name for d in train.iterdir() if d.is_dir())
         if len(self.classes) < 2:
-            raise ValueError(f"{os.fspath(train)!r} has {len(self.classes)} class folder(s); "
-                             f"an image classifier needs train/<class>/ folders for 2 or more classes")
+            raise ValueError(
+                f"{os.fspath(train)!r} has {len(self.classes)} class folder(s); "
+                f"an image classifier needs train/<class>/ folders for 2 or more classes"
+            )
         self.num_classes = len(self.classes)
         self._splits = None
 
@@ -65,21 +77,27 @@ class ImageFolderDataModule(ImageDataModule):
             if val_dir.is_dir():
                 extra = sorted(d.name for d in val_dir.iterdir() if d.is_dir() and d.name not in self.classes)
                 if extra:
-                    raise ValueError(f"val/ has classes {extra} that train/ lacks; make both trees use the same "
-                                     f"class folders")
+                    raise ValueError(
+                        f"val/ has classes {extra} that train/ lacks; make both trees use the same class folders"
+                    )
                 self._splits = {"train": (paths, labels), "val": _scan(val_dir, self.classes)}
             else:
                 if not 0.0 < self.val_fraction < 1.0:
-                    raise ValueError(f"{self.root} has no val/ folder and data.val_fraction={self.val_fraction}; "
-                                     f"set data.val_fraction in (0, 1) to hold out part of train/")
+                    raise ValueError(
+                        f"{self.root} has no val/ folder and data.val_fraction={self.val_fraction}; "
+                        f"set data.val_fraction in (0, 1) to hold out part of train/"
+                    )
                 n_val = math.ceil(self.val_fraction * len(paths))
                 if n_val < len(self.classes) or len(paths) - n_val < len(self.classes):
-                    raise ValueError(f"data.val_fraction={self.val_fraction} of the {len(paths)} images under "
-                                     f"{self.root / 'train'} leaves {n_val} for val and {len(paths) - n_val} for "
-                                     f"train, but a stratified split needs at least one image per class "
-                                     f"({len(self.classes)}) on each side; change data.val_fraction, add images, "
-                                     f"or give a val/ folder")
-                p_tr, p_va, y_tr, y_va = train_test_split(paths, labels, test_size=self.val_fraction,
-                                                          stratify=labels, random_state=self.split_seed)
+                    raise ValueError(
+                        f"data.val_fraction={self.val_fraction} of the {len(paths)} images under "
+                        f"{self.root / 'train'} leaves {n_val} for val and {len(paths) - n_val} for "
+                        f"train, but a stratified split needs at least one image per class "
+                        f"({len(self.classes)}) on each side; change data.val_fraction, add images, "
+                        f"or give a val/ folder"
+                    )
+                p_tr, p_va, y_tr, y_va = train_test_split(
+                    paths, labels, test_size=self.val_fraction, stratify=labels, random_state=self.split_seed
+                )
                 self._splits = {"train": (p_tr, y_tr), "val": (p_va, y_va)}
         return self._splits[split]

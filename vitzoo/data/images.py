@@ -1,4 +1,5 @@
 """Image files as arrays: what both data paths read (the albumentations loaders and the device cache)."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ seeded random order (litdata shuffles chunks and items near each other: a class-
 batches); ``DST/vitzoo.json`` names the classes. The files are stored as they are (no re-encoding) and decoded in the
 loader workers. An archive is read into memory: extract an ImageNet-size one and pass the folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,18 +35,27 @@ Entry = Tuple[Union[str, bytes], int]  # a file path or the file's bytes, and it
 def _files(src: Path) -> Dict[str, Union[str, bytes]]:
     """Image files under ``src`` (a folder or an archive): relative path -> path on disk, or bytes from an archive."""
     if src.is_dir():
-        return {os.path.relpath(os.path.join(d, f), src).replace(os.sep, "/"): os.path.join(d, f)
-                for d, _, names in os.walk(src) for f in names if f.lower().endswith(IMAGE_EXTENSIONS)}
+        return {
+            os.path.relpath(os.path.join(d, f), src).replace(os.sep, "/"): os.path.join(d, f)
+            for d, _, names in os.walk(src)
+            for f in names
+            if f.lower().endswith(IMAGE_EXTENSIONS)
+        }
     if not tarfile.is_tarfile(src):
-        raise ValueError(f"{src} is neither a folder nor a tar archive; pass a folder or a .tar/.tar.gz holding "
-                         f"{LAYOUT}")
+        raise ValueError(
+            f"{src} is neither a folder nor a tar archive; pass a folder or a .tar/.tar.gz holding {LAYOUT}"
+        )
     with tarfile.open(src) as archive:
-        return {m.name.lstrip("./"): archive.extractfile(m).read() for m in archive
-                if m.isfile() and m.name.lower().endswith(IMAGE_EXTENSIONS)}
+        return {
+            m.name.lstrip("./"): archive.extractfile(m).read()
+            for m in archive
+            if m.isfile() and m.name.lower().endswith(IMAGE_EXTENSIONS)
+        }
 
 
-def read_source(src: Union[str, os.PathLike], val_fraction: float = 0.1,
-                split_seed: int = 0) -> Tuple[List[str], Dict[str, List[Entry]]]:
+def read_source(
+    src: Union[str, os.PathLike], val_fraction: float = 0.1, split_seed: int = 0
+) -> Tuple[List[str], Dict[str, List[Entry]]]:
     """(classes, {"train": entries, "val": entries}) of ``src``; each problem is one ValueError naming the fix."""
     src = Path(os.path.expanduser(os.fspath(src)))
     if not src.exists():
@@ -59,16 +69,19 @@ def read_source(src: Union[str, os.PathLike], val_fraction: float = 0.1,
             raise ValueError(f"{src}: {rel} is not in a class folder; pack a tree laid out as {LAYOUT}")
         splits.setdefault(split, {}).setdefault(parts[0], []).append(rel)
     if "train" not in splits:
-        raise ValueError(f"{src} holds no images ({', '.join(IMAGE_EXTENSIONS)}) in class folders; pack a tree "
-                         f"laid out as {LAYOUT}")
+        raise ValueError(
+            f"{src} holds no images ({', '.join(IMAGE_EXTENSIONS)}) in class folders; pack a tree laid out as {LAYOUT}"
+        )
     classes = sorted(splits["train"])
     if len(classes) < 2:
         raise ValueError(f"{src} has {len(classes)} class folder(s); an image classifier needs 2 or more")
     extra = sorted(set(splits.get("val", {})) - set(classes))
     if extra:
         raise ValueError(f"{src}: val/ has classes {extra} that train/ lacks; make both trees use the same classes")
-    entries = {split: [(files[rel], classes.index(name)) for name, rels in sorted(found.items()) for rel in rels]
-               for split, found in splits.items()}
+    entries = {
+        split: [(files[rel], classes.index(name)) for name, rels in sorted(found.items()) for rel in rels]
+        for split, found in splits.items()
+    }
     for split in entries.values():
         for data, _ in split:
             _check_image(data)
@@ -83,10 +96,13 @@ def _hold_out(entries: List[Entry], num_classes: int, fraction: float, seed: int
 
     n_val = math.ceil(fraction * len(entries)) if 0 < fraction < 1 else 0
     if not num_classes <= n_val <= len(entries) - num_classes:
-        raise ValueError(f"{src} has no val/ and --val-fraction {fraction} of its {len(entries)} images cannot hold "
-                         f"out one image per class ({num_classes}) on each side; change --val-fraction or add val/")
-    train, val = train_test_split(entries, test_size=fraction, stratify=[label for _, label in entries],
-                                  random_state=seed)
+        raise ValueError(
+            f"{src} has no val/ and --val-fraction {fraction} of its {len(entries)} images cannot hold "
+            f"out one image per class ({num_classes}) on each side; change --val-fraction or add val/"
+        )
+    train, val = train_test_split(
+        entries, test_size=fraction, stratify=[label for _, label in entries], random_state=seed
+    )
     return train, val
 
 
@@ -97,8 +113,9 @@ def _check_image(data: Union[str, bytes]) -> None:
             pass
     except (UnidentifiedImageError, OSError) as err:
         where = data if isinstance(data, str) else "a file in the archive"
-        raise ValueError(f"cannot read image {where} ({type(err).__name__}); remove it or convert it to JPEG/PNG "
-                         f"and pack again") from None
+        raise ValueError(
+            f"cannot read image {where} ({type(err).__name__}); remove it or convert it to JPEG/PNG and pack again"
+        ) from None
 
 
 class _Item:
@@ -112,8 +129,16 @@ class _Item:
         return {"image": Path(data).read_bytes() if isinstance(data, str) else data, "label": int(label)}
 
 
-def pack(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], *, val_fraction: float = 0.1,
-         split_seed: int = 0, chunk_bytes: str = "64MB", workers: int = 1, seed: int = 0) -> Dict[str, int]:
+def pack(
+    src: Union[str, os.PathLike],
+    dst: Union[str, os.PathLike],
+    *,
+    val_fraction: float = 0.1,
+    split_seed: int = 0,
+    chunk_bytes: str = "64MB",
+    workers: int = 1,
+    seed: int = 0,
+) -> Dict[str, int]:
     """Pack ``src`` into ``dst`` (see the module docstring); returns the number of images per split."""
     from litdata import optimize
 
@@ -124,11 +149,20 @@ def pack(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], *, val_frac
     rng = np.random.default_rng(seed)
     for split, items in entries.items():
         order = rng.permutation(len(items))
-        optimize(fn=_Item([items[i] for i in order]), inputs=list(range(len(items))), output_dir=str(dst / split),
-                 chunk_bytes=chunk_bytes, num_workers=workers, mode="overwrite", start_method="fork", verbose=False)
+        optimize(
+            fn=_Item([items[i] for i in order]),
+            inputs=list(range(len(items))),
+            output_dir=str(dst / split),
+            chunk_bytes=chunk_bytes,
+            num_workers=workers,
+            mode="overwrite",
+            start_method="fork",
+            verbose=False,
+        )
     counts = {split: len(items) for split, items in entries.items()}
-    (dst / META_NAME).write_text(json.dumps({"format": "litdata", "classes": classes, "splits": counts,
-                                             "source": os.fspath(src)}, indent=1))
+    (dst / META_NAME).write_text(
+        json.dumps({"format": "litdata", "classes": classes, "splits": counts, "source": os.fspath(src)}, indent=1)
+    )
     return counts
 
 
@@ -142,8 +176,14 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="packing processes (default 1)")
     args = parser.parse_args(argv)
     try:
-        counts = pack(args.src, args.dst, val_fraction=args.val_fraction, split_seed=args.split_seed,
-                      chunk_bytes=args.chunk_bytes, workers=args.workers)
+        counts = pack(
+            args.src,
+            args.dst,
+            val_fraction=args.val_fraction,
+            split_seed=args.split_seed,
+            chunk_bytes=args.chunk_bytes,
+            workers=args.workers,
+        )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ model's ``pretrained_cfg`` describes).
 A recipe gives a data module three things: how an image file is read, the training transform and the eval
 transform; ``data.aug`` holds the training transform's options of the chosen recipe (``DEIT_AUG`` for ``deit``).
 """
+
 from __future__ import annotations
 
 import io
@@ -26,14 +27,32 @@ from vitzoo.options import reject_unknown
 from .images import decode_rgb, read_rgb
 from .transforms import build_eval_transform, build_train_transform
 
-__all__ = ["RECIPES", "DEIT_AUG", "Recipe", "check_recipe", "build_recipe", "SeededTransform", "read_pil", "decode_pil",
-           "source_pretrained_cfg"]
+__all__ = [
+    "RECIPES",
+    "DEIT_AUG",
+    "Recipe",
+    "check_recipe",
+    "build_recipe",
+    "SeededTransform",
+    "read_pil",
+    "decode_pil",
+    "source_pretrained_cfg",
+]
 
 RECIPES = ("cifar", "deit")
 # DeiT's training augmentation (Touvron et al. 2021, its main.py defaults) as timm.data.create_transform arguments;
 # timm applies color_jitter only when auto_augment is off
-DEIT_AUG = dict(scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment="rand-m9-mstd0.5-inc1",
-                color_jitter=0.4, interpolation="bicubic", re_prob=0.25, re_mode="pixel", re_count=1)
+DEIT_AUG = dict(
+    scale=(0.08, 1.0),
+    ratio=(3 / 4, 4 / 3),
+    hflip=0.5,
+    auto_augment="rand-m9-mstd0.5-inc1",
+    color_jitter=0.4,
+    interpolation="bicubic",
+    re_prob=0.25,
+    re_mode="pixel",
+    re_count=1,
+)
 
 
 def read_pil(path) -> Image.Image:
@@ -118,9 +137,16 @@ class Recipe:
     eval: Callable
 
 
-def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[float],
-                 aug: Optional[Mapping[str, Any]] = None, crop_pct: Optional[float] = None,
-                 interpolation: Optional[str] = None, pretrained_cfg: Optional[Mapping[str, Any]] = None) -> Recipe:
+def build_recipe(
+    name: str,
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    aug: Optional[Mapping[str, Any]] = None,
+    crop_pct: Optional[float] = None,
+    interpolation: Optional[str] = None,
+    pretrained_cfg: Optional[Mapping[str, Any]] = None,
+) -> Recipe:
     """The recipe ``name`` at ``img_size`` px.
 
     ``cifar``: ``aug`` = :func:`~vitzoo.data.build_train_transform`'s options; evaluation squashes to
@@ -133,16 +159,29 @@ def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[
     aug = dict(aug or {})
     if name == "cifar":
         if crop_pct is not None or interpolation is not None:
-            raise ValueError("data.crop_pct and data.interpolation belong to data.recipe=deit (the cifar recipe "
-                             "squashes to img_size); drop them or set data.recipe=deit")
-        return Recipe(read_rgb, decode_rgb, build_train_transform(img_size, mean, std, **aug),
-                      build_eval_transform(img_size, mean, std))
+            raise ValueError(
+                "data.crop_pct and data.interpolation belong to data.recipe=deit (the cifar recipe "
+                "squashes to img_size); drop them or set data.recipe=deit"
+            )
+        return Recipe(
+            read_rgb,
+            decode_rgb,
+            build_train_transform(img_size, mean, std, **aug),
+            build_eval_transform(img_size, mean, std),
+        )
     reject_unknown("data.aug (data.recipe=deit)", aug, DEIT_AUG)
     train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **{**DEIT_AUG, **aug})
     _any_bits_posterize(train)
-    config = resolve_data_config(dict(input_size=(3, img_size, img_size), mean=tuple(mean), std=tuple(std),
-                                      crop_pct=crop_pct, interpolation=interpolation),
-                                 pretrained_cfg=dict(pretrained_cfg or {}))
+    config = resolve_data_config(
+        dict(
+            input_size=(3, img_size, img_size),
+            mean=tuple(mean),
+            std=tuple(std),
+            crop_pct=crop_pct,
+            interpolation=interpolation,
+        ),
+        pretrained_cfg=dict(pretrained_cfg or {}),
+    )
     evaluation = create_transform(**config, is_training=False)
     return Recipe(read_pil, decode_pil, SeededTransform(train), SeededTransform(evaluation))
 
@@ -150,7 +189,7 @@ def build_recipe(name: str, img_size: int, mean: Sequence[float], std: Sequence[
 def source_pretrained_cfg(init_from: Optional[str], model: torch.nn.Module) -> Mapping[str, Any]:
     """The ``pretrained_cfg`` describing a run's inputs: timm's for ``init_from=timm:<name>``, the export's for an
     export folder, else the model's own."""
-    timm_cfg = get_pretrained_cfg(str(init_from)[len("timm:"):]) if str(init_from).startswith("timm:") else None
+    timm_cfg = get_pretrained_cfg(str(init_from)[len("timm:") :]) if str(init_from).startswith("timm:") else None
     if timm_cfg is not None:
         return timm_cfg.to_dict()
     config = Path(str(init_from)) / "config.json" if init_from else None

@@ -9,6 +9,7 @@ the worker that decodes it. :class:`ResumableLoader` counts the batches it hande
 before the resumed run's first batch, the sampler skips those batches' indices.
 :class:`RepeatAugEpochSampler` is timm's ``RepeatAugSampler`` (DeiT's repeated augmentation) drawn the same way.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Tuple
@@ -69,8 +70,9 @@ class RepeatAugEpochSampler(_Resumable, RepeatAugSampler, DistributedSampler):
     """
 
     def __init__(self, dataset, *, num_replicas: int, rank: int, seed: int = 0, num_repeats: int = 3):
-        RepeatAugSampler.__init__(self, dataset, num_replicas=num_replicas, rank=rank, shuffle=True,
-                                  num_repeats=num_repeats)
+        RepeatAugSampler.__init__(
+            self, dataset, num_replicas=num_replicas, rank=rank, shuffle=True, num_repeats=num_repeats
+        )
         self.seed, self.drop_last = seed, False
 
     def _draws(self, epoch: int) -> List[Tuple[int, int, int]]:
@@ -80,7 +82,7 @@ class RepeatAugEpochSampler(_Resumable, RepeatAugSampler, DistributedSampler):
         finally:
             self.epoch = epoch
         n = len(self.dataset) * self.num_repeats
-        positions = range(self.rank, self.total_size, self.num_replicas)[:self.num_selected_samples]
+        positions = range(self.rank, self.total_size, self.num_replicas)[: self.num_selected_samples]
         return [(epoch, index, (position % n) % self.num_repeats) for index, position in zip(indices, positions)]
 
 

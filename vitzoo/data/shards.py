@@ -7,6 +7,7 @@ the loader's position is checkpointed (litdata's ``StreamingDataLoader.state_dic
 back), so a run resumed mid-epoch continues with the samples the uninterrupted run would have drawn, given the same
 number of processes, workers and batch size (litdata re-stripes otherwise, and the order then differs).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ log = logging.getLogger(__name__)
 class ShardDataset(StreamingDataset):
     """A packed split as (image tensor, label); ``augment``: seed each image's transform from (seed, epoch, index)."""
 
-    def __init__(self, input_dir: str, transform, decode, *, augment: bool, seed: int = 0,
-                 cache_dir: Optional[str] = None):
+    def __init__(
+        self, input_dir: str, transform, decode, *, augment: bool, seed: int = 0, cache_dir: Optional[str] = None
+    ):
         super().__init__(input_dir, cache_dir=cache_dir, shuffle=augment, seed=seed)
         self.image_transform, self.decode, self.augment = transform, decode, augment  # litdata owns .transform
 
@@ -58,23 +60,39 @@ class ShardsDataModule(ImageDataModule):
     remote ``root`` (null: litdata's default). ``recipe`` defaults to ``deit``. Loader workers start afresh each
     epoch (each worker reads the epoch it augments for)."""
 
-    def __init__(self, root: str, img_size: int = 224, num_classes: Optional[int] = None,
-                 cache_dir: Optional[str] = None, mean=IMAGENET_MEAN, std=IMAGENET_STD, recipe: str = "deit", **kwargs):
+    def __init__(
+        self,
+        root: str,
+        img_size: int = 224,
+        num_classes: Optional[int] = None,
+        cache_dir: Optional[str] = None,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+        recipe: str = "deit",
+        **kwargs,
+    ):
         super().__init__(img_size=img_size, mean=mean, std=std, recipe=recipe, **kwargs)
         if self.device_cache:
-            raise ValueError("data=shards streams its images; set data.device_cache=false (the device path needs "
-                             "a decoded folder: data=imagefolder)")
+            raise ValueError(
+                "data=shards streams its images; set data.device_cache=false (the device path needs "
+                "a decoded folder: data=imagefolder)"
+            )
         self.root, self.cache_dir = str(root).rstrip("/"), cache_dir
         self.num_classes = num_classes or self._packed_classes()
         if self.repeated_aug > 1:
-            log.warning("data.repeated_aug=%d is not applied by data=shards (litdata draws each image once per "
-                        "epoch); use data=imagefolder for repeated augmentation", self.repeated_aug)
+            log.warning(
+                "data.repeated_aug=%d is not applied by data=shards (litdata draws each image once per "
+                "epoch); use data=imagefolder for repeated augmentation",
+                self.repeated_aug,
+            )
 
     def _packed_classes(self) -> int:
         meta = Path(os.path.expanduser(self.root)) / META_NAME
         if "://" in self.root or not meta.is_file():
-            raise ValueError(f"data.root={self.root!r} has no {META_NAME}; pack an image folder first (python -m "
-                             f"vitzoo.data.pack SRC DST, then data.root=DST), or give data.num_classes for a URL")
+            raise ValueError(
+                f"data.root={self.root!r} has no {META_NAME}; pack an image folder first (python -m "
+                f"vitzoo.data.pack SRC DST, then data.root=DST), or give data.num_classes for a URL"
+            )
         return len(json.loads(meta.read_text())["classes"])
 
     def uses_device_cache(self) -> bool:
@@ -82,8 +100,14 @@ class ShardsDataModule(ImageDataModule):
 
     def _split(self, name: str, recipe, augment: bool) -> ShardDataset:
         root = self.root if "://" in self.root else os.path.expanduser(self.root)
-        return ShardDataset(f"{root}/{name}", recipe.train if augment else recipe.eval, recipe.decode,
-                            augment=augment, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), cache_dir=self.cache_dir)
+        return ShardDataset(
+            f"{root}/{name}",
+            recipe.train if augment else recipe.eval,
+            recipe.decode,
+            augment=augment,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            cache_dir=self.cache_dir,
+        )
 
     def setup(self, stage: Optional[str] = None) -> None:
         recipe = self.build_recipe()
@@ -96,5 +120,10 @@ class ShardsDataModule(ImageDataModule):
     def _loader(self, dataset: Optional[ShardDataset], train: bool) -> ShardLoader:
         if dataset is None:
             raise RuntimeError("call setup() before asking for a dataloader")
-        return ShardLoader(dataset, batch_size=self.batch_size if train else self.eval_batch_size, drop_last=train,
-                           num_workers=self.num_workers, pin_memory=self.pin_memory and self._device().type == "cuda")
+        return ShardLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            drop_last=train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and self._device().type == "cuda",
+        )

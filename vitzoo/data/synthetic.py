@@ -1,4 +1,5 @@
 """Random images with random labels, for throughput runs and fast tests (nothing to learn)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,15 @@ __all__ = ["SyntheticDataModule"]
 class SyntheticDataModule(ImageDataModule):
     """``num_train`` / ``num_val`` uniform-noise uint8 images of ``img_size``, seeded by ``seed``."""
 
-    def __init__(self, img_size: int = 32, num_classes: int = 10, num_train: int = 1024, num_val: int = 256,
-                 seed: int = 0, **kwargs):
+    def __init__(
+        self,
+        img_size: int = 32,
+        num_classes: int = 10,
+        num_train: int = 1024,
+        num_val: int = 256,
+        seed: int = 0,
+        **kwargs,
+    ):
         super().__init__(img_size=img_size, **kwargs)
         self.num_classes, self.num_train, self.num_val, self.seed = int(num_classes), num_train, num_val, seed
 

@@ -4,6 +4,7 @@ Traps handled here: ``strict=True`` so a misspelt argument is an error, ``Normal
 ``ToTensorV2``, and :func:`seed_worker` re-seeds each worker's augmentation RNG (albumentations
 keeps its own generator inside ``Compose``; forked workers would otherwise share one stream).
 """
+
 from __future__ import annotations
 
 import random
@@ -30,9 +31,18 @@ def build_eval_transform(img_size: int, mean: Sequence[float], std: Sequence[flo
     return A.Compose([A.Resize(img_size, img_size), *_finish(mean, std)], strict=True)
 
 
-def build_train_transform(img_size: int, mean: Sequence[float], std: Sequence[float], *, policy: str = "basic",
-                          crop_padding: int = CROP_PADDING, hflip: bool = HFLIP, gauss_noise: float = 0.0,
-                          gauss_noise_p: float = 0.5, seed: Optional[int] = None) -> A.Compose:
+def build_train_transform(
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    policy: str = "basic",
+    crop_padding: int = CROP_PADDING,
+    hflip: bool = HFLIP,
+    gauss_noise: float = 0.0,
+    gauss_noise_p: float = 0.5,
+    seed: Optional[int] = None,
+) -> A.Compose:
     """Training pipeline.
 
     ``policy``: ``none`` (resize only), ``basic`` (random crop after zero padding of
@@ -49,16 +59,19 @@ def build_train_transform(img_size: int, mean: Sequence[float], std: Sequence[fl
     if policy != "none":
         if crop_padding > 0:
             size = img_size + 2 * crop_padding
-            steps += [A.PadIfNeeded(size, size, border_mode=cv2.BORDER_CONSTANT, fill=0),
-                      A.RandomCrop(img_size, img_size)]
+            steps += [
+                A.PadIfNeeded(size, size, border_mode=cv2.BORDER_CONSTANT, fill=0),
+                A.RandomCrop(img_size, img_size),
+            ]
         if hflip:
             steps.append(A.HorizontalFlip(p=0.5))
     if policy == "strong":
         steps += [
             A.Affine(scale=(0.9, 1.1), translate_percent=(-0.1, 0.1), rotate=(-15, 15), p=0.5),
             A.ColorJitter(brightness=0.3, contrast=0.3, saturation=0.3, hue=0.05, p=0.5),
-            A.CoarseDropout(num_holes_range=(1, 1), hole_height_range=(0.1, 0.3), hole_width_range=(0.1, 0.3),
-                            fill=0, p=0.5),
+            A.CoarseDropout(
+                num_holes_range=(1, 1), hole_height_range=(0.1, 0.3), hole_width_range=(0.1, 0.3), fill=0, p=0.5
+            ),
         ]
     if gauss_noise > 0:
         steps.append(A.GaussNoise(std_range=(0.0, gauss_noise), p=gauss_noise_p))

@@ -1,4 +1,5 @@
 """DataLoader worker counts sized from the CPUs this process may use (:func:`vitzoo.runtime.usable_cpus`)."""
+
 from __future__ import annotations
 
 import logging
@@ -24,6 +25,10 @@ def resolve_num_workers(value: Union[int, str, None]) -> int:
     if workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0 or 'auto', got {workers}")
     if workers > cpus:
-        log.warning("num_workers=%d but this process may use %d CPU(s); set num_workers=auto (= %d)",
-                    workers, cpus, min(8, cpus - 1))
+        log.warning(
+            "num_workers=%d but this process may use %d CPU(s); set num_workers=auto (= %d)",
+            workers,
+            cpus,
+            min(8, cpus - 1),
+        )
     return workers

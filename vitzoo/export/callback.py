@@ -1,4 +1,5 @@
 """Lightning callback: export the best checkpoint when training ends."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,10 @@ class ExportBestCallback(pl.Callback):
         ckpt_cb = trainer.checkpoint_callback
         ckpt = (ckpt_cb.best_model_path or ckpt_cb.last_model_path) if isinstance(ckpt_cb, ModelCheckpoint) else None
         if not ckpt:
-            rank_zero_warn("ExportBestCallback: no checkpoint was saved, nothing to export; "
-                           "enable a ModelCheckpoint callback (trainer.enable_checkpointing=true)")
+            rank_zero_warn(
+                "ExportBestCallback: no checkpoint was saved, nothing to export; "
+                "enable a ModelCheckpoint callback (trainer.enable_checkpointing=true)"
+            )
             return
         out = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "export"
         self.export_dir = export_checkpoint(ckpt, out, head=self.head)

@@ -1,4 +1,5 @@
 """The model card of an export (its README.md, Hugging Face's layout), written from its config.json alone."""
+
 from __future__ import annotations
 
 import json
@@ -35,22 +36,37 @@ def model_card(config: Mapping[str, Any], name: str) -> Dict[str, Any]:
         details["Dataset"] = run["data"]
     if run.get("metrics"):
         details["Metrics (the run's last validation)"] = run["metrics"]
-    usage = (f"```python\nimport timm, vitzoo  # importing vitzoo registers its architectures with timm\n"
-             f"model = timm.create_model('hf-hub:<user>/{name}', pretrained=True)  # or 'local-dir:<this folder>'\n"
-             f"model = vitzoo.export.load_exported('<this folder>')  # the same, with the export's checks\n```\n")
+    usage = (
+        f"```python\nimport timm, vitzoo  # importing vitzoo registers its architectures with timm\n"
+        f"model = timm.create_model('hf-hub:<user>/{name}', pretrained=True)  # or 'local-dir:<this folder>'\n"
+        f"model = vitzoo.export.load_exported('<this folder>')  # the same, with the export's checks\n```\n"
+    )
     if arch.startswith("vit_") and _mechanism(args.get("attention")) == "softmax":
-        usage += ("Its attention is timm's (split-head softmax, weights under timm's `attn.qkv` names): plain timm "
-                  "loads the weights into `timm.models.VisionTransformer` of the same shape without vitzoo.\n")
-    return {"tags": ["image-classification", "timm", "vitzoo"], "library_name": "timm", "license": LICENSE,
-            "description": f"A {arch} with {_mechanism(args.get('attention'))} attention, exported by vitzoo "
-                           f"{run.get('version', '')}.".replace("  ", " "),
-            "details": details, "usage": usage}
+        usage += (
+            "Its attention is timm's (split-head softmax, weights under timm's `attn.qkv` names): plain timm "
+            "loads the weights into `timm.models.VisionTransformer` of the same shape without vitzoo.\n"
+        )
+    return {
+        "tags": ["image-classification", "timm", "vitzoo"],
+        "library_name": "timm",
+        "license": LICENSE,
+        "description": f"A {arch} with {_mechanism(args.get('attention'))} attention, exported by vitzoo "
+        f"{run.get('version', '')}.".replace("  ", " "),
+        "details": details,
+        "usage": usage,
+    }
 
 
 def render_card(card: Mapping[str, Any], name: str) -> str:
     """``card`` as README.md: YAML front matter (tags, library, licence, datasets) and the sections."""
-    lines = ["---", "tags:", *(f"- {t}" for t in card["tags"]), "pipeline_tag: image-classification",
-             f"library_name: {card['library_name']}", f"license: {card['license']}"]
+    lines = [
+        "---",
+        "tags:",
+        *(f"- {t}" for t in card["tags"]),
+        "pipeline_tag: image-classification",
+        f"library_name: {card['library_name']}",
+        f"license: {card['license']}",
+    ]
     if "Dataset" in card["details"]:
         lines += ["datasets:", f"- {str(card['details']['Dataset']).lower()}"]
     lines += ["---", f"# Model card for {name}", "", card["description"], "", "## Model Details"]

@@ -3,6 +3,7 @@
 The network and its preprocessing come from the checkpoint's hyperparameters through the
 pipeline's own loader (``vitzoo.training.evaluate.load_classifier``, ``weights_only=True``).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def run_metrics(checkpoint: Dict[str, Any], run_dir: Path) -> Tuple[Dict[str, An
             metrics[f"best {state['monitor']}"] = round(float(state["best_model_score"]), 4)
     if (run_dir / "metrics.json").is_file():
         found = json.loads((run_dir / "metrics.json").read_text())
-        metrics.update({k: round(v, 4) for k, v in found.items() if k.startswith(("val/", "test/"))
-                        and isinstance(v, float)})
+        metrics.update(
+            {k: round(v, 4) for k, v in found.items() if k.startswith(("val/", "test/")) and isinstance(v, float)}
+        )
     config = run_dir / ".hydra" / "config.yaml"
     target = (yaml.safe_load(config.read_text()) or {}).get("data", {}).get("_target_") if config.is_file() else None
     return metrics, str(target).rsplit(".", 1)[-1].removesuffix("DataModule") if target else None

@@ -5,6 +5,7 @@ pretrained=True)`` reads back exactly what was saved: the architecture, ``model_
 attention spec as JSON, the model's shape, ``num_classes``) and ``pretrained_cfg`` (input size,
 mean/std, interpolation). A ``vitzoo`` entry adds the weights' SHA-256 so corruption is caught.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,15 +32,28 @@ from vitzoo.models.vit import VIT_ARCHS
 
 from .card import model_card, render_card
 
-__all__ = ["export_model", "load_exported", "push_to_hub", "check_export", "verify_local_dir", "WEIGHTS_NAME",
-           "CONFIG_NAME", "CARD_NAME"]
+__all__ = [
+    "export_model",
+    "load_exported",
+    "push_to_hub",
+    "check_export",
+    "verify_local_dir",
+    "WEIGHTS_NAME",
+    "CONFIG_NAME",
+    "CARD_NAME",
+]
 
 CARD_NAME = "README.md"
 
 
-def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
-                 data_config: Optional[Mapping[str, Any]] = None, metrics: Optional[Mapping[str, Any]] = None,
-                 data: Optional[str] = None) -> Path:
+def export_model(
+    model: nn.Module,
+    out_dir: Union[str, Path],
+    head: bool = True,
+    data_config: Optional[Mapping[str, Any]] = None,
+    metrics: Optional[Mapping[str, Any]] = None,
+    data: Optional[str] = None,
+) -> Path:
     """Write ``model`` (built by ``vitzoo.create_model`` / ``timm.create_model``) to ``out_dir``: weights, config
     and a model card (README.md).
 
@@ -50,21 +64,33 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
     so plain timm loads those weights. The model itself is not modified.
     """
     if not getattr(model, "_model_args", None):
-        raise ValueError("the model carries no construction arguments; build it with vitzoo.create_model(...) "
-                         "or timm.create_model(...) so the export can record how to rebuild it")
+        raise ValueError(
+            "the model carries no construction arguments; build it with vitzoo.create_model(...) "
+            "or timm.create_model(...) so the export can record how to rebuild it"
+        )
     if not head:
         headless: Any = copy.deepcopy(model)  # a timm model: reset_classifier is timm's
         headless.reset_classifier(0)
         model = headless
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file; the export is a folder (model.safetensors + config.json): pass a "
-                         f"folder path")
-    info = {"version": vitzoo.__version__, **({"data": data} if data else {}),
-            **({"metrics": dict(metrics)} if metrics else {})}
+        raise ValueError(
+            f"{out} is a file; the export is a folder (model.safetensors + config.json): pass a folder path"
+        )
+    info = {
+        "version": vitzoo.__version__,
+        **({"data": data} if data else {}),
+        **({"metrics": dict(metrics)} if metrics else {}),
+    }
     with _timm_attention_names(model):
-        save_for_hf(model, str(out), model_config={"vitzoo": info}, model_args=_pinned_args(model),
-                    safe_serialization=True, data_config=dict(data_config or {}))
+        save_for_hf(
+            model,
+            str(out),
+            model_config={"vitzoo": info},
+            model_args=_pinned_args(model),
+            safe_serialization=True,
+            data_config=dict(data_config or {}),
+        )
     weights, config_file = out / WEIGHTS_NAME, out / CONFIG_NAME
     _chmod_like_a_new_file(weights)
     config = json.loads(config_file.read_text())
@@ -78,13 +104,17 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], head: bool = True,
 def _timm_attention_names(model: nn.Module) -> Iterator[None]:
     """While saving: split-head softmax layers give their ``in_proj.proj`` tensors timm's ``qkv`` names (the same
     tensors; ``ZooAttention`` reads either name back)."""
+
     def rename(module, state_dict, prefix, local_metadata):
         for kind in ("weight", "bias"):
             if f"{prefix}in_proj.proj.{kind}" in state_dict:
                 state_dict[f"{prefix}qkv.{kind}"] = state_dict.pop(f"{prefix}in_proj.proj.{kind}")
 
-    handles = [m.register_state_dict_post_hook(rename) for m in model.modules()
-               if type(m) is SoftmaxAttention and m.heads == "split"]
+    handles = [
+        m.register_state_dict_post_hook(rename)
+        for m in model.modules()
+        if type(m) is SoftmaxAttention and m.heads == "split"
+    ]
     try:
         yield
     finally:
@@ -92,8 +122,13 @@ def _timm_attention_names(model: nn.Module) -> Iterator[None]:
             handle.remove()
 
 
-def push_to_hub(export_dir: Union[str, Path], repo_id: str, token: Optional[str] = None, private: bool = False,
-                commit_message: str = "Add model") -> Any:
+def push_to_hub(
+    export_dir: Union[str, Path],
+    repo_id: str,
+    token: Optional[str] = None,
+    private: bool = False,
+    commit_message: str = "Add model",
+) -> Any:
     """Upload an export to the Hugging Face Hub through timm's ``push_to_hf_hub``: the same weights, config
     (``vitzoo`` entry included) and model card. Returns the hub's commit info."""
     config = check_export(export_dir)
@@ -101,10 +136,18 @@ def push_to_hub(export_dir: Union[str, Path], repo_id: str, token: Optional[str]
     pre = config.get("pretrained_cfg") or {}
     data_config = {k: pre[k] for k in ("input_size", "mean", "std", "interpolation", "crop_pct") if k in pre}
     with _timm_attention_names(model):
-        return push_to_hf_hub(model, repo_id, commit_message=commit_message, token=token, private=private,
-                              model_config={"vitzoo": config["vitzoo"]}, model_args=config.get("model_args"),
-                              model_card=model_card(config, repo_id.split("/")[-1]), safe_serialization=True,
-                              data_config=data_config)
+        return push_to_hf_hub(
+            model,
+            repo_id,
+            commit_message=commit_message,
+            token=token,
+            private=private,
+            model_config={"vitzoo": config["vitzoo"]},
+            model_args=config.get("model_args"),
+            model_card=model_card(config, repo_id.split("/")[-1]),
+            safe_serialization=True,
+            data_config=data_config,
+        )
 
 
 def _pinned_args(model: Any) -> Dict[str, Any]:

@@ -7,6 +7,7 @@ Every registered mechanism exports: linear attention's fused op is recorded as i
 (ONNX's checker with shape inference) and, where onnxruntime is installed, when it gives eager
 PyTorch's logits; otherwise it is removed and the reason is one ValueError line.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,10 @@ def export_onnx(export_dir: Union[str, Path], img_size: Optional[Sequence[int]] 
         import onnx  # noqa: F401  (the exporter's and the check's)
         import onnxscript  # noqa: F401
     except ImportError as err:
-        raise ValueError(f"ONNX export needs onnx and onnxscript ({err}); pip install onnx onnxscript onnxruntime "
-                         "(or pip install -e '.[test]')") from None
+        raise ValueError(
+            f"ONNX export needs onnx and onnxscript ({err}); pip install onnx onnxscript onnxruntime "
+            "(or pip install -e '.[test]')"
+        ) from None
     export_dir = Path(export_dir)
     model: Any = load_exported(export_dir).eval()  # a timm model: pretrained_cfg is timm's
     chans, *size = model.pretrained_cfg["input_size"]
@@ -40,11 +43,19 @@ def export_onnx(export_dir: Union[str, Path], img_size: Optional[Sequence[int]] 
         expected = model(check)  # the model's own errors (an image size it cannot take) before the exporter's
     path = export_dir / ONNX_NAME
     try:
-        torch.onnx.export(model, (x,), str(path), dynamo=True, input_names=["images"], output_names=["output"],
-                          dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1)}})
+        torch.onnx.export(
+            model,
+            (x,),
+            str(path),
+            dynamo=True,
+            input_names=["images"],
+            output_names=["output"],
+            dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1)}},
+        )
     except torch.onnx.OnnxExporterError as err:
-        raise ValueError(f"torch.onnx.export could not export this model ({_first_line(err.__cause__ or err)}); "
-                         f"{_REPORT}") from err
+        raise ValueError(
+            f"torch.onnx.export could not export this model ({_first_line(err.__cause__ or err)}); {_REPORT}"
+        ) from err
     _check(path, check, expected)
     return path
 

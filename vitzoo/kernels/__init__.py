@@ -8,6 +8,7 @@ and the feature map and head dims are ones the kernels serve (the maps with a ke
 by name are the table of ``feature_maps``; this package imports nothing else of vitzoo, and its
 modules import one way: this entry -> ops -> the paths -> feature_maps, dtypes, availability.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,8 +22,15 @@ from .naive import naive_linear_attention
 from .ops import fused_linear
 from .torch_linear import check_inputs
 
-__all__ = ["fused_linear_attention", "naive_linear_attention", "triton_available", "triton_interpreting",
-           "FUSED_IMPLS", "FUSED_MAPS", "KERNEL_MAPS"]
+__all__ = [
+    "fused_linear_attention",
+    "naive_linear_attention",
+    "triton_available",
+    "triton_interpreting",
+    "FUSED_IMPLS",
+    "FUSED_MAPS",
+    "KERNEL_MAPS",
+]
 
 FUSED_IMPLS = ("auto", "torch", "triton")
 
@@ -38,16 +46,25 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
     if feature_map not in KERNEL_MAPS:
         return f"the Triton kernels serve feature_map in {sorted(KERNEL_MAPS)}, not {feature_map!r}"
     if q.shape[-1] > MAX_FEATURE_DIM or v.shape[-1] > MAX_HEAD_DIM:
-        return (f"the Triton kernels serve q, k up to {MAX_FEATURE_DIM} and v up to {MAX_HEAD_DIM} channels, "
-                f"got {q.shape[-1]} and {v.shape[-1]}")
+        return (
+            f"the Triton kernels serve q, k up to {MAX_FEATURE_DIM} and v up to {MAX_HEAD_DIM} channels, "
+            f"got {q.shape[-1]} and {v.shape[-1]}"
+        )
     if q.dtype == torch.float64:
         return "the Triton kernels take fp32, bf16 or fp16 inputs, not fp64"
     return None
 
 
-def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "elu",
-                           eps: float = 1e-6, impl: str = "auto", chunk: Optional[int] = None,
-                           use_kernel: Optional[bool] = None) -> torch.Tensor:
+def fused_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+    impl: str = "auto",
+    chunk: Optional[int] = None,
+    use_kernel: Optional[bool] = None,
+) -> torch.Tensor:
     """out = phi(q) S / (phi(q).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j); non-causal.
 
     q, k: (B, H, N, D), v: (B, H, N, Dv) -> (B, H, N, Dv) in v's dtype, sums in fp32. ``impl``:
@@ -60,8 +77,11 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
     heads or channels) take the torch path whatever ``impl``; with no keys the output is zeros (S = 0, z = 0).
     """
     if impl not in FUSED_IMPLS:
-        hint = " (the eager formula is vitzoo.attention.functional.linear_attention(impl='eager'))" \
-            if impl == "eager" else ""
+        hint = (
+            " (the eager formula is vitzoo.attention.functional.linear_attention(impl='eager'))"
+            if impl == "eager"
+            else ""
+        )
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(FUSED_IMPLS)}{hint}")
     _maps.feature_map(feature_map)  # an unknown name: a ValueError listing the valid ones
     check_inputs(q, k, v)
@@ -72,8 +92,10 @@ def fused_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fe
         if refusal is None and (impl == "triton" or q.is_cuda):
             options = [name for name, value in (("chunk", chunk), ("use_kernel", use_kernel)) if value is not None]
             if options:
-                raise ValueError(f"the torch path's {' and '.join(options)} would be ignored: impl={impl!r} runs the "
-                                 "Triton kernels for these inputs; pass impl='torch' to use them, or leave them None")
+                raise ValueError(
+                    f"the torch path's {' and '.join(options)} would be ignored: impl={impl!r} runs the "
+                    "Triton kernels for these inputs; pass impl='torch' to use them, or leave them None"
+                )
             return fused_linear(q, k, v, feature_map, eps, "triton")
         if impl == "triton":
             raise ValueError(f"impl='triton' cannot run here: {refusal}; use impl='torch' or 'auto'")

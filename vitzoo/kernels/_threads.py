@@ -1,4 +1,5 @@
 """A pool of worker threads whose torch ops run single-threaded (intra-op threads = 1)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Whether the Triton path can run here: triton importable, or its CPU interpreter switched on. A leaf:
 the package's entry and the Triton kernels both read it."""
+
 from __future__ import annotations
 
 import functools

@@ -7,6 +7,7 @@ path, so checkouts and venvs sharing the cache do not rebuild each other's. Wher
 the torch path runs on plain torch ops instead (about 1.9x slower at 16k tokens on a 2-core AVX2
 machine), after one warning. ``VITZOO_CPU_KERNEL=0`` skips the build and uses the torch ops.
 """
+
 from __future__ import annotations
 
 import functools
@@ -73,8 +74,13 @@ def _build() -> Optional[ModuleType]:
     _ensure_ninja_on_path()
     name = f"vitzoo_linear_attention_cpu_{capability.lower()}_{_install_tag()}"
     built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
-    log.log(logging.DEBUG if built else logging.INFO, "vitzoo: %s the CPU linear-attention kernel for %s%s",
-            "loading" if built else "building", capability, "" if built else " (about a minute, once per install)")
+    log.log(
+        logging.DEBUG if built else logging.INFO,
+        "vitzoo: %s the CPU linear-attention kernel for %s%s",
+        "loading" if built else "building",
+        capability,
+        "" if built else " (about a minute, once per install)",
+    )
     try:
         compiler = os.environ.get("CXX", "c++")
         if shutil.which(compiler) is None:
@@ -87,17 +93,25 @@ def _build() -> Optional[ModuleType]:
         )
     except Exception as err:  # no compiler, no ninja, a read-only cache: the torch ops still work
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        warnings.warn(f"vitzoo: the CPU linear-attention kernel could not be built ({reason}); the torch path "
-                      "runs on plain torch ops (slower). Install g++ and ninja (pip install ninja) to build it, "
-                      "or set VITZOO_CPU_KERNEL=0 to skip trying.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"vitzoo: the CPU linear-attention kernel could not be built ({reason}); the torch path "
+            "runs on plain torch ops (slower). Install g++ and ninja (pip install ninja) to build it, "
+            "or set VITZOO_CPU_KERNEL=0 to skip trying.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
 
 
 def cpu_kernel(x: torch.Tensor, feature_map: str) -> Optional[ModuleType]:
     """The built kernel module when it serves ``x`` (a float32 / float64 CPU tensor) and the feature
     map, else None."""
-    if not (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            and feature_map in KERNEL_MAPS and cpu_kernel_enabled()):
+    if not (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and feature_map in KERNEL_MAPS
+        and cpu_kernel_enabled()
+    ):
         return None
     with _lock:  # one build per process, whichever thread asks first
         return _build()

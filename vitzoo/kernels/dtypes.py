@@ -1,4 +1,5 @@
 """The dtype every linear-attention path sums in (fused paths, their fake implementations, the naive formula)."""
+
 from __future__ import annotations
 
 import torch

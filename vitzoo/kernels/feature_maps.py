@@ -9,6 +9,7 @@ kernel's ``Map`` enum and the Triton kernels' ``FEATURE``; None: they do not app
 ``identity`` takes features computed beforehand, so any feature map (with parameters, random
 features) runs on the fused O(n) path through it.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ out_i = phi(q_i) S_i / (phi(q_i).z_i + eps), S_i = sum_j phi(k_j)^T v_j, z_i = s
 over every key (non-causal) or keys j <= i (causal). Plain torch ops: the eager path, the create_graph
 backward of the fused paths, and what exporters record where they cannot carry the fused op.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,14 @@ from .feature_maps import feature_map as _value
 __all__ = ["naive_linear_attention"]
 
 
-def naive_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: str = "identity",
-                           eps: float = 1e-6, causal: bool = False) -> torch.Tensor:
+def naive_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str = "identity",
+    eps: float = 1e-6,
+    causal: bool = False,
+) -> torch.Tensor:
     """(B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv) -> (B, H, Nq, Dv) in v's dtype, sums in fp32 or wider.
 
     ``feature_map`` names a fused map (``identity``: q and k are features already)."""

@@ -13,6 +13,7 @@ S (B*H, F, Dv) and z (B*H, F) are the state, saved for backward, not differentia
 ``fused_linear`` is the entry the paths call: the op behind an autograd Function sharing that formula,
 as torch.func does not take a custom op's registered autograd.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -29,8 +30,16 @@ __all__ = ["fused_linear"]  # the registered ops themselves: torch.ops.vitzoo.li
 
 
 @torch.library.custom_op("vitzoo::linear_attention", mutates_args=())
-def linear_attention_op(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: float, impl: str,
-                        chunk: Optional[int], use_kernel: Optional[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+def linear_attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    feature_map: str,
+    eps: float,
+    impl: str,
+    chunk: Optional[int],
+    use_kernel: Optional[bool],
+) -> Tuple[Tensor, Tensor, Tensor]:
     """(out, S, z) of non-causal kernel attention on (B, H, N, D) tensors by the ``impl`` path (``chunk`` and
     ``use_kernel`` are the torch path's options)."""
     if impl == "triton":
@@ -44,14 +53,28 @@ def linear_attention_op(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: 
 def _(q, k, v, feature_map, eps, impl, chunk, use_kernel):
     width, wide = q.shape[-1] + FUSED_MAPS[feature_map].extra, sum_dtype(q.dtype)
     bh = q.shape[0] * q.shape[1]
-    return (v.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty(bh, width, v.shape[-1], dtype=wide),
-            q.new_empty(bh, width, dtype=wide))
+    return (
+        v.new_empty(q.shape[:3] + v.shape[3:]),
+        q.new_empty(bh, width, v.shape[-1], dtype=wide),
+        q.new_empty(bh, width, dtype=wide),
+    )
 
 
 @torch.library.custom_op("vitzoo::linear_attention_backward", mutates_args=())
-def linear_attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor,
-                                 feature_map: str, eps: float, impl: str, chunk: Optional[int],
-                                 use_kernel: Optional[bool], needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+def linear_attention_backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    S: Tensor,
+    z: Tensor,
+    feature_map: str,
+    eps: float,
+    impl: str,
+    chunk: Optional[int],
+    use_kernel: Optional[bool],
+    needs: List[bool],
+) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv), contiguous; an empty tensor for each input whose ``needs`` is False."""
     if impl == "triton":
         from .triton_linear import triton_backward
@@ -65,8 +88,10 @@ def linear_attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, 
 
 @linear_attention_backward_op.register_fake
 def _(dout, q, k, v, S, z, feature_map, eps, impl, chunk, use_kernel, needs):
-    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) if need else x.new_empty(0)
-                 for x, need in zip((q, k, v), needs))
+    return tuple(
+        torch.empty_like(x, memory_format=torch.contiguous_format) if need else x.new_empty(0)
+        for x, need in zip((q, k, v), needs)
+    )
 
 
 def _eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bool]):
@@ -114,8 +139,16 @@ class _LinearAttentionFn(torch.autograd.Function):
         return linear_attention_op(q, k, v, feature_map, eps, impl, chunk, use_kernel)
 
 
-def fused_linear(q: Tensor, k: Tensor, v: Tensor, feature_map: str, eps: float, impl: str,
-                 chunk: Optional[int] = None, use_kernel: Optional[bool] = None) -> Tensor:
+def fused_linear(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    feature_map: str,
+    eps: float,
+    impl: str,
+    chunk: Optional[int] = None,
+    use_kernel: Optional[bool] = None,
+) -> Tensor:
     """The output of ``vitzoo::linear_attention`` with autograd for every front end (autograd, torch.func,
     torch.compile, torch.export)."""
     return _LinearAttentionFn.apply(q, k, v, feature_map, eps, impl, chunk, use_kernel)[0]
@@ -134,8 +167,10 @@ def _folding_vmap(num_tensors: int):
         tensors = [fold(x, dim) for x, dim in zip(args[:num_tensors], in_dims)]
         outputs = op(*tensors, *args[num_tensors:])
         mapped = args[-1] if op is linear_attention_backward_op else (True,) * 3
-        return (tuple(t.unflatten(0, (info.batch_size, -1)) if m else t for t, m in zip(outputs, mapped)),
-                tuple(0 if m else None for m in mapped))
+        return (
+            tuple(t.unflatten(0, (info.batch_size, -1)) if m else t for t, m in zip(outputs, mapped)),
+            tuple(0 if m else None for m in mapped),
+        )
 
     return rule
 

@@ -19,6 +19,7 @@ the element-wise work fused into row loops, the products straight to MKL; float3
 tensors, elu, relu and identity), or ``_TorchSteps`` in torch ops (chunks of all slices at once; any device,
 dtype and feature map; the reference the kernel is tested against).
 """
+
 from __future__ import annotations
 
 import math
@@ -131,6 +132,7 @@ def _rowdot(a, b, buf, dim: int = -1):
 def _chunked(step):
     """A per-chunk step ``(self, *tensors, s, e, buf)`` as a per-range one ``(self, *tensors, lo, hi)``:
     chunks of ``self.chunk`` tokens sharing one scratch, their partial sums added in order."""
+
     def walk(self, *args):
         *tensors, lo, hi = args
         buf = _Scratch(sum_dtype(tensors[0].dtype), tensors[0].device)
@@ -143,8 +145,9 @@ class _TorchSteps:
     """The steps in torch ops (any device and dtype, every feature map), tokens in chunks of
     ``chunk`` for all slices at once (None: ~1 MiB buffers, see ``chunk_tokens``)."""
 
-    def __init__(self, fm: FusedMap, eps: float, chunk: Optional[int], q: torch.Tensor, v: torch.Tensor,
-                 num_tokens: int):
+    def __init__(
+        self, fm: FusedMap, eps: float, chunk: Optional[int], q: torch.Tensor, v: torch.Tensor, num_tokens: int
+    ):
         self.fm, self.eps = fm, eps
         width = max(q.shape[-1] + fm.extra, v.shape[-1])
         self.chunk = chunk or chunk_tokens(q.shape[0] * q.shape[1], width, num_tokens, q.device)
@@ -227,10 +230,12 @@ def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kern
     """The compiled CPU sweeps where they serve the inputs (and ``use_kernel`` is not False), else torch ops."""
     kernel = cpu_kernel(q, feature_map) if use_kernel is not False else None
     if use_kernel and kernel is None:
-        raise ValueError(f"the compiled CPU kernel cannot serve these inputs ({q.device.type}, {q.dtype}, "
-                         f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors and "
-                         f"{sorted(KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
-                         "pass use_kernel=None to fall back to torch ops")
+        raise ValueError(
+            f"the compiled CPU kernel cannot serve these inputs ({q.device.type}, {q.dtype}, "
+            f"feature_map={feature_map!r}; it takes float32/float64 CPU tensors and "
+            f"{sorted(KERNEL_MAPS)}, and needs VITZOO_CPU_KERNEL unset and a C++ compiler); "
+            "pass use_kernel=None to fall back to torch ops"
+        )
     if kernel is not None:
         return _KernelSteps(kernel, feature_map, eps, chunk, q.dtype)
     return _TorchSteps(FUSED_MAPS[feature_map], eps, chunk, q, v, max(q.shape[2], k.shape[2]))
@@ -262,8 +267,9 @@ def torch_forward(q, k, v, feature_map: str, eps: float, chunk: Optional[int], u
         return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
 
 
-def torch_backward(dout, q, k, v, S, z, feature_map: str, eps: float, chunk: Optional[int],
-                   use_kernel: Optional[bool], needs):
+def torch_backward(
+    dout, q, k, v, S, z, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool], needs
+):
     """(dq, dk, dv) (None where not ``needs``): the analytic backward of this path."""
     with torch.autocast(q.device.type, enabled=False):
         return _backward(dout, q, k, v, S, z, _steps(q, k, v, feature_map, eps, chunk, use_kernel), needs)
@@ -272,11 +278,15 @@ def torch_backward(dout, q, k, v, S, z, feature_map: str, eps: float, chunk: Opt
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """(B, H, N, D) q, k and (B, H, N, Dv) v on one device in one floating dtype, else a ValueError naming the fix."""
     if not (q.dim() == k.dim() == v.dim() == 4):
-        raise ValueError(f"q, k, v must be (B, H, N, D) tensors, got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}; reshape to (batch, heads, tokens, head_dim)")
+        raise ValueError(
+            f"q, k, v must be (B, H, N, D) tensors, got shapes {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}; reshape to (batch, heads, tokens, head_dim)"
+        )
     if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; q and k "
-                         "need the same (B, H, *, D), k and v the same (B, H, N, *)")
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; q and k "
+            "need the same (B, H, *, D), k and v the same (B, H, N, *)"
+        )
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them with .to()")
     if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):

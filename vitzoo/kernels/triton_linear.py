@@ -15,6 +15,7 @@ Launches: batch*heads on grid axis 0 (CUDA caps axes 1 and 2 at 65,535), 64-bit 
 autotuning keyed on a power-of-two bucket of the token count; the reductions' token block and warp
 count are fixed, so S, z, dS, dz have the same bits in every process.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,10 +88,31 @@ def _block_ids(N, BLOCK_N: tl.constexpr):
 
 @triton.autotune(configs=_reduce_configs(), key=_KEY)
 @triton.jit
-def _state_kernel(K, V, PS, PZ, N, N_BUCKET, H, per_split,
-                  skb, skh, skn, skd, svb, svh, svn, svd,
-                  D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+def _state_kernel(
+    K,
+    V,
+    PS,
+    PZ,
+    N,
+    N_BUCKET,
+    H,
+    per_split,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    FEATURE: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     bh, split, splits = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
     b, h = bh // H, bh % H
     K += b * skb + h * skh
@@ -109,17 +131,41 @@ def _state_kernel(K, V, PS, PZ, N, N_BUCKET, H, per_split,
         acc_s += tl.dot(tl.trans(fk), v, input_precision=PREC)
         acc_z += tl.sum(fk, axis=0)
     part = bh * splits + split
-    tl.store(PS + part * D * DV + offs_d[:, None] * DV + offs_e[None, :], acc_s,
-             mask=(offs_d[:, None] < D) & (offs_e[None, :] < DV))
+    tl.store(
+        PS + part * D * DV + offs_d[:, None] * DV + offs_e[None, :],
+        acc_s,
+        mask=(offs_d[:, None] < D) & (offs_e[None, :] < DV),
+    )
     tl.store(PZ + part * D + offs_d, acc_z, mask=offs_d < D)
 
 
 @triton.autotune(configs=_block_configs(), key=_KEY)
 @triton.jit
-def _output_kernel(Q, S, Z, O, N, N_BUCKET, H, eps,
-                   sqb, sqh, sqn, sqd, sob, soh, son, sod,
-                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   FEATURE: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+def _output_kernel(
+    Q,
+    S,
+    Z,
+    O,  # noqa: E741 (the output pointer, named as Q, S and Z are)
+    N,
+    N_BUCKET,
+    H,
+    eps,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    sob,
+    soh,
+    son,
+    sod,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    FEATURE: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     bh, blk = _block_ids(N, BLOCK_N)
     b, h = bh // H, bh % H
     offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -131,16 +177,49 @@ def _output_kernel(Q, S, Z, O, N, N_BUCKET, H, eps,
     fq = tl.where(mq, _phi(_tile(Q + b * sqb + h * sqh, sqn, sqd, offs_n, offs_d, mq).to(tl.float32), FEATURE), 0.0)
     den = tl.sum(fq * z[None, :], axis=1) + eps
     out = tl.dot(fq, s, input_precision=PREC) / den[:, None]
-    tl.store(_ptrs(O + b * sob + h * soh, son, sod, offs_n, offs_e), out.to(O.dtype.element_ty),
-             mask=rows[:, None] & me[None, :])
+    tl.store(
+        _ptrs(O + b * sob + h * soh, son, sod, offs_n, offs_e),
+        out.to(O.dtype.element_ty),
+        mask=rows[:, None] & me[None, :],
+    )
 
 
 @triton.autotune(configs=_reduce_configs(), key=_KEY)
 @triton.jit
-def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, N_BUCKET, H, per_split, eps,
-               sqb, sqh, sqn, sqd, sob, soh, son, sod, sgb, sgh, sgn, sgd,
-               D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DQ: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dq_kernel(
+    Q,
+    DO,
+    S,
+    Z,
+    DQ,
+    PS,
+    PZ,
+    N,
+    N_BUCKET,
+    H,
+    per_split,
+    eps,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    sob,
+    soh,
+    son,
+    sod,
+    sgb,
+    sgh,
+    sgn,
+    sgd,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    FEATURE: tl.constexpr,
+    PREC: tl.constexpr,
+    NEED_DQ: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     bh, split, splits = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
     b, h = bh // H, bh % H
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -177,11 +256,42 @@ def _dq_kernel(Q, DO, S, Z, DQ, PS, PZ, N, N_BUCKET, H, per_split, eps,
 
 @triton.autotune(configs=_block_configs(), key=_KEY)
 @triton.jit
-def _dkv_kernel(K, V, DS, DZ, DK, DV_, N, N_BUCKET, H,
-                skb, skh, skn, skd, svb, svh, svn, svd, sgb, sgh, sgn, sgd, swb, swh, swn, swd,
-                D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                FEATURE: tl.constexpr, PREC: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+def _dkv_kernel(
+    K,
+    V,
+    DS,
+    DZ,
+    DK,
+    DV_,
+    N,
+    N_BUCKET,
+    H,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sgb,
+    sgh,
+    sgn,
+    sgd,
+    swb,
+    swh,
+    swn,
+    swd,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    FEATURE: tl.constexpr,
+    PREC: tl.constexpr,
+    NEED_DK: tl.constexpr,
+    NEED_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     bh, blk = _block_ids(N, BLOCK_N)
     b, h = bh // H, bh % H
     offs_n = blk * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -228,8 +338,10 @@ def _sms(device: torch.device):
 
 
 def _partials(bh: int, splits: int, d: int, dv: int, device):
-    return (torch.empty(bh, splits, d, dv, device=device, dtype=torch.float32),
-            torch.empty(bh, splits, d, device=device, dtype=torch.float32))
+    return (
+        torch.empty(bh, splits, d, dv, device=device, dtype=torch.float32),
+        torch.empty(bh, splits, d, device=device, dtype=torch.float32),
+    )
 
 
 DOT_PRECISION = {torch.float32: "ieee", torch.bfloat16: "tf32", torch.float16: "tf32x3"}  # fp32 operands either way
@@ -237,8 +349,9 @@ DOT_PRECISION = {torch.float32: "ieee", torch.bfloat16: "tf32", torch.float16: "
 
 def _meta(q, v, feature_map: str):
     d, dv = q.shape[-1], v.shape[-1]
-    return dict(D=d, DV=dv, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv), FEATURE=KERNEL_MAPS[feature_map],
-                PREC=DOT_PRECISION[q.dtype])
+    return dict(
+        D=d, DV=dv, BLOCK_D=_pow2(d), BLOCK_DV=_pow2(dv), FEATURE=KERNEL_MAPS[feature_map], PREC=DOT_PRECISION[q.dtype]
+    )
 
 
 def _reduced(ps: torch.Tensor, pz: torch.Tensor):
@@ -259,8 +372,9 @@ def _forward(q, k, v, feature_map: str, eps: float):
     meta = _meta(q, v, feature_map)
     splits, per_split = _split(B * H, nk, _sms(q.device))
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
-    _state_kernel[(B * H, splits)](k, v, ps, pz, nk, _pow2(nk), H, per_split, *k.stride(), *v.stride(), **meta,
-                                   **_reduce_meta(meta))
+    _state_kernel[(B * H, splits)](
+        k, v, ps, pz, nk, _pow2(nk), H, per_split, *k.stride(), *v.stride(), **meta, **_reduce_meta(meta)
+    )
     S, z = _reduced(ps, pz)  # fixed-order sum of the partials: deterministic
     out = torch.empty(B, H, N, v.shape[-1], device=q.device, dtype=v.dtype)
     _output_kernel[_block_grid(B * H, N)](q, S, z, out, N, _pow2(N), H, eps, *q.stride(), *out.stride(), **meta)
@@ -274,14 +388,48 @@ def _backward(dout, q, k, v, S, z, feature_map: str, eps: float, needs):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if needs[0] else q  # else never written
     splits, per_split = _split(B * H, N, _sms(q.device))
     ps, pz = _partials(B * H, splits, d, v.shape[-1], q.device)
-    _dq_kernel[(B * H, splits)](q, dout, S, z, dq, ps, pz, N, _pow2(N), H, per_split, eps, *q.stride(),
-                                *dout.stride(), *dq.stride(), NEED_DQ=needs[0], **meta, **_reduce_meta(meta))
+    _dq_kernel[(B * H, splits)](
+        q,
+        dout,
+        S,
+        z,
+        dq,
+        ps,
+        pz,
+        N,
+        _pow2(N),
+        H,
+        per_split,
+        eps,
+        *q.stride(),
+        *dout.stride(),
+        *dq.stride(),
+        NEED_DQ=needs[0],
+        **meta,
+        **_reduce_meta(meta),
+    )
     dS, dz = _reduced(ps, pz)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if needs[1] else k  # else never written
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if needs[2] else v
     if needs[1] or needs[2]:
-        _dkv_kernel[_block_grid(B * H, nk)](k, v, dS, dz, dk, dv, nk, _pow2(nk), H, *k.stride(), *v.stride(),
-                                            *dk.stride(), *dv.stride(), NEED_DK=needs[1], NEED_DV=needs[2], **meta)
+        _dkv_kernel[_block_grid(B * H, nk)](
+            k,
+            v,
+            dS,
+            dz,
+            dk,
+            dv,
+            nk,
+            _pow2(nk),
+            H,
+            *k.stride(),
+            *v.stride(),
+            *dk.stride(),
+            *dv.stride(),
+            NEED_DK=needs[1],
+            NEED_DV=needs[2],
+            **meta,
+        )
     return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None)
 
 

@@ -1,4 +1,5 @@
 """Backbones assembled from timm blocks, registered with timm's ``register_model``."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,16 @@ from .nonlocal_resnet import NonLocalBlock, NonLocalResNet
 from .pretrained import LoadReport, initialise_from
 from .vit import VIT_ARCHS, ZooVisionTransformer, default_feature_levels
 
-__all__ = ["create_model", "list_models", "ZooVisionTransformer", "NonLocalResNet", "NonLocalBlock",
-           "default_feature_levels", "initialise_from", "LoadReport"]
+__all__ = [
+    "create_model",
+    "list_models",
+    "ZooVisionTransformer",
+    "NonLocalResNet",
+    "NonLocalBlock",
+    "default_feature_levels",
+    "initialise_from",
+    "LoadReport",
+]
 
 _ARCHS = tuple(VIT_ARCHS) + ("nonlocal_resnet18", "nonlocal_resnet50", "nonlocal_resnet18_cifar")
 
@@ -23,8 +32,9 @@ def list_models() -> list:
     return sorted(_ARCHS)
 
 
-def create_model(arch: str, attention: AttentionSpec = "softmax", init_from: Optional[Union[str, os.PathLike]] = None,
-                 **kwargs) -> nn.Module:
+def create_model(
+    arch: str, attention: AttentionSpec = "softmax", init_from: Optional[Union[str, os.PathLike]] = None, **kwargs
+) -> nn.Module:
     """Build ``arch`` with ``attention`` (a name or ``{"name": ..., options}``); kwargs go to timm.
 
     ``init_from``: a pretrained softmax ViT whose weights initialise the model, whatever its mechanism
@@ -45,5 +55,7 @@ def _build(arch: str, attention: AttentionSpec, kwargs: dict) -> nn.Module:
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise
-        raise ValueError(f"{arch}: {err}; check the spelling of the model's keyword arguments (create_model's "
-                         f"**kwargs): timm's {arch} signature lists them") from None
+        raise ValueError(
+            f"{arch}: {err}; check the spelling of the model's keyword arguments (create_model's "
+            f"**kwargs): timm's {arch} signature lists them"
+        ) from None

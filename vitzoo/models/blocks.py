@@ -1,4 +1,5 @@
 """ViT blocks other than timm's: MLLA's Mamba-like block (``block="mlla"``), around any zoo attention."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -53,8 +54,9 @@ class MllaBlock(Block):
         self.cpe1, self.cpe2, self.dwc = _depthwise(dim, dd), _depthwise(dim, dd), _depthwise(dim, dd)
         self.in_proj, self.act_proj, self.out_proj = (nn.Linear(dim, dim, **dd) for _ in range(3))
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
         x = x + grid_conv_tokens(self.attn, self.cpe1, x)
         u = self.norm1(x)
         a = self.in_proj(u)

@@ -3,6 +3,7 @@
 Here, beside the model builders that verify a ``local-dir:`` source before timm loads it, so that
 models/ never imports export/ (which writes these directories and imports models/).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,23 +37,28 @@ def check_export(export_dir: Union[str, Path]) -> Dict[str, Any]:
     cfg_file, weights = root / CONFIG_NAME, root / WEIGHTS_NAME
     if not cfg_file.is_file() or not weights.is_file():
         missing = [p.name for p in (cfg_file, weights) if not p.is_file()]
-        raise FileNotFoundError(f"{root} is not a vitzoo export (missing {', '.join(missing)}); "
-                                f"create one with `python -m vitzoo.export CKPT {root}`")
+        raise FileNotFoundError(
+            f"{root} is not a vitzoo export (missing {', '.join(missing)}); "
+            f"create one with `python -m vitzoo.export CKPT {root}`"
+        )
     try:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}); {REEXPORT_HINT}") from None
     arch = cfg.get("architecture")
     if not isinstance(arch, str) or not timm.is_model(arch):
-        raise ValueError(f"{cfg_file} names architecture {arch!r}, which is not registered; use one of "
-                         f"vitzoo.list_models() or import the package that registers it")
+        raise ValueError(
+            f"{cfg_file} names architecture {arch!r}, which is not registered; use one of "
+            f"vitzoo.list_models() or import the package that registers it"
+        )
     spec = cfg.get("model_args", {}).get("attention")
     if spec is not None:
         try:
             check_attention(spec)
         except ValueError as e:
-            raise ValueError(f"{cfg_file}: {e} (edit model_args.attention, or upgrade vitzoo to a version "
-                             f"that has it)") from None
+            raise ValueError(
+                f"{cfg_file}: {e} (edit model_args.attention, or upgrade vitzoo to a version that has it)"
+            ) from None
     try:
         with safe_open(str(weights), framework="pt") as f:
             f.keys()
@@ -60,8 +66,10 @@ def check_export(export_dir: Union[str, Path]) -> Dict[str, Any]:
         raise ValueError(f"{weights} is truncated or corrupted ({e}); {REEXPORT_HINT}") from None
     expected = cfg.get("vitzoo", {}).get("weights_sha256")
     if expected and file_sha256(weights) != expected:
-        raise ValueError(f"{weights} does not match the checksum in {CONFIG_NAME} (the file is corrupted "
-                         f"or was replaced); {REEXPORT_HINT}")
+        raise ValueError(
+            f"{weights} does not match the checksum in {CONFIG_NAME} (the file is corrupted "
+            f"or was replaced); {REEXPORT_HINT}"
+        )
     return cfg
 
 

@@ -1,4 +1,5 @@
 """Non-local ResNets: timm's ResNet with non-local blocks whose attention comes from the registry."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
@@ -28,14 +29,26 @@ class NonLocalBlock(nn.Module):
     identity. Any registered mechanism can attend (softmax = embedded Gaussian, linear, ...).
     """
 
-    def __init__(self, channels: int, attention: AttentionSpec = "softmax", reduction: int = 2,
-                 num_heads: int = 1, grid_size: Optional[Tuple[int, int]] = None):
+    def __init__(
+        self,
+        channels: int,
+        attention: AttentionSpec = "softmax",
+        reduction: int = 2,
+        num_heads: int = 1,
+        grid_size: Optional[Tuple[int, int]] = None,
+    ):
         super().__init__()
         cls, options = resolve_attention(attention)
         options.setdefault("head_dim", max(1, channels // reduction // num_heads))
         grid = tuple(grid_size) if grid_size is not None else None
-        self.attn = cls(channels, num_heads=num_heads, qkv_bias=True,
-                        num_tokens=grid[0] * grid[1] if grid else None, grid_size=grid, **options)
+        self.attn = cls(
+            channels,
+            num_heads=num_heads,
+            qkv_bias=True,
+            num_tokens=grid[0] * grid[1] if grid else None,
+            grid_size=grid,
+            **options,
+        )
         self.norm = nn.BatchNorm2d(channels)
         nn.init.zeros_(self.norm.weight)
 
@@ -54,9 +67,18 @@ class NonLocalResNet(ResNet):
     or a stack (``vitzoo.attention.stack``) over the non-local blocks in order.
     """
 
-    def __init__(self, *args, attention: AttentionSpec = "softmax", nonlocal_stages: Sequence[int] = (2, 3),
-                 nonlocal_per_stage: int = 1, nonlocal_reduction: int = 2, nonlocal_heads: int = 1,
-                 cifar_stem: bool = False, img_size=224, **kwargs):
+    def __init__(
+        self,
+        *args,
+        attention: AttentionSpec = "softmax",
+        nonlocal_stages: Sequence[int] = (2, 3),
+        nonlocal_per_stage: int = 1,
+        nonlocal_reduction: int = 2,
+        nonlocal_heads: int = 1,
+        cifar_stem: bool = False,
+        img_size=224,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         feature_info = cast(List[Dict[str, Any]], self.feature_info)  # timm's dicts of num_chs, reduction, module
         if cifar_stem:
@@ -105,17 +127,36 @@ def _create(variant: str, pretrained: bool, block, layers, **kwargs):
 
 
 def _cfg(**kwargs):
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
-            "interpolation": "bilinear", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "conv1", "classifier": "fc", "license": "apache-2.0", **kwargs}
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": (7, 7),
+        "crop_pct": 0.875,
+        "interpolation": "bilinear",
+        "mean": (0.485, 0.456, 0.406),
+        "std": (0.229, 0.224, 0.225),
+        "first_conv": "conv1",
+        "classifier": "fc",
+        "license": "apache-2.0",
+        **kwargs,
+    }
 
 
-default_cfgs = generate_default_cfgs({
-    "nonlocal_resnet18": _cfg(),
-    "nonlocal_resnet50": _cfg(),
-    "nonlocal_resnet18_cifar": _cfg(num_classes=10, input_size=(3, 32, 32), pool_size=(4, 4), crop_pct=1.0,
-                                    mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
-})
+default_cfgs = generate_default_cfgs(
+    {
+        "nonlocal_resnet18": _cfg(),
+        "nonlocal_resnet50": _cfg(),
+        "nonlocal_resnet18_cifar": _cfg(
+            num_classes=10,
+            input_size=(3, 32, 32),
+            pool_size=(4, 4),
+            crop_pct=1.0,
+            mean=(0.4914, 0.4822, 0.4465),
+            std=(0.2470, 0.2435, 0.2616),
+        ),
+    }
+)
 
 
 @register_model

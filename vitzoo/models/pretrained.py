@@ -7,6 +7,7 @@ with timm's own functions and arguments (as ``checkpoint_filter_fn`` / ``load_pr
 ``qkv`` fills the rows of q, k, v the mechanism projects; projected heads start as the identity, so they
 reproduce the checkpoint's q, k, v exactly. What only the mechanism has keeps its own initialisation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,10 @@ class LoadReport:
     def __str__(self) -> str:
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
         head = f" ({self.head_note})" if self.head_note else ""
-        return (f"init_from={self.source}: {len(self.loaded)} tensors loaded{notes}; new: {compact_names(self.new)}"
-                f"{head}; unused from the checkpoint: {compact_names(self.unused)}")
+        return (
+            f"init_from={self.source}: {len(self.loaded)} tensors loaded{notes}; new: {compact_names(self.new)}"
+            f"{head}; unused from the checkpoint: {compact_names(self.unused)}"
+        )
 
 
 def initialise_from(model: nn.Module, source: Union[str, os.PathLike]) -> LoadReport:
@@ -61,12 +64,16 @@ def initialise_from(model: nn.Module, source: Union[str, os.PathLike]) -> LoadRe
     A checkpoint of another width, depth, head count or layout, or one that is not a ViT, is one ValueError.
     """
     if isinstance(getattr(model, "model", None), ZooVisionTransformer):
-        raise ValueError("init_from loads a whole ViT, not a feature wrapper (features_only=True): build the model "
-                         "without features_only and take features with forward_intermediates, or export it "
-                         "(vitzoo.export.export_model) and load the export with features_only=True")
+        raise ValueError(
+            "init_from loads a whole ViT, not a feature wrapper (features_only=True): build the model "
+            "without features_only and take features with forward_intermediates, or export it "
+            "(vitzoo.export.export_model) and load the export with features_only=True"
+        )
     if not isinstance(model, ZooVisionTransformer):
-        raise ValueError(f"init_from loads a ViT's weights; {type(model).__name__} is not a vitzoo ViT (build one of "
-                         f"the vit_* architectures)")
+        raise ValueError(
+            f"init_from loads a ViT's weights; {type(model).__name__} is not a vitzoo ViT (build one of "
+            f"the vit_* architectures)"
+        )
     weights = read_vit_weights(source, before_download=lambda layout: _check_architecture(model, layout))
     _check_architecture(model, weights)
     report = _load(model, weights)
@@ -106,9 +113,14 @@ def _module_facts(vit: VisionTransformer) -> Dict[str, Any]:
     """Architecture options only a built model shows."""
     block: Any = vit.blocks[0]  # a block of any block_fn (norm1, attn, mlp)
     norm = block.norm1
-    return {"num_heads": block.attn.num_heads, "global_pool": vit.global_pool, "no_embed_class": vit.no_embed_class,
-            "act_layer": type(block.mlp.act).__name__, "norm_layer": f"{type(norm).__name__}(eps={norm.eps})",
-            "block_fn": type(block).__name__}
+    return {
+        "num_heads": block.attn.num_heads,
+        "global_pool": vit.global_pool,
+        "no_embed_class": vit.no_embed_class,
+        "act_layer": type(block.mlp.act).__name__,
+        "norm_layer": f"{type(norm).__name__}(eps={norm.eps})",
+        "block_fn": type(block).__name__,
+    }
 
 
 def _check_architecture(model: ZooVisionTransformer, weights: ViTWeights) -> None:
@@ -117,8 +129,10 @@ def _check_architecture(model: ZooVisionTransformer, weights: ViTWeights) -> Non
     missing = [name for name in _REQUIRED if name not in weights.state]
     if missing:
         keys = ", ".join(list(weights.state)[:4])
-        raise ValueError(f"init_from={weights.source} is not a timm VisionTransformer state dict (it has no "
-                         f"{', '.join(missing)}; its first keys: {keys}); give {SOURCE_FORMS}")
+        raise ValueError(
+            f"init_from={weights.source} is not a timm VisionTransformer state dict (it has no "
+            f"{', '.join(missing)}; its first keys: {keys}); give {SOURCE_FORMS}"
+        )
     has_q = "q" in _attention(model.blocks[0]).projections
     mine = {**_tensor_facts(_timm_shapes(model), has_q), **_module_facts(model)}
     theirs = _tensor_facts({k: v.shape for k, v in weights.state.items()}, has_q)
@@ -129,8 +143,10 @@ def _check_architecture(model: ZooVisionTransformer, weights: ViTWeights) -> Non
         ckpt = ", ".join(f"{key}={theirs[key]!r}" for key in differ)
         built = ", ".join(f"{key}={mine[key]!r}" for key in differ)
         plus = " ".join(f"++model.kwargs.{key}={_hydra(theirs[key])}" for key in differ)
-        raise ValueError(f"init_from={weights.source}: the checkpoint's ViT has {ckpt}, the model {built}; build the "
-                         f"model with the checkpoint's values (create_model(..., {ckpt}); train.py: {plus})")
+        raise ValueError(
+            f"init_from={weights.source}: the checkpoint's ViT has {ckpt}, the model {built}; build the "
+            f"model with the checkpoint's values (create_model(..., {ckpt}); train.py: {plus})"
+        )
 
 
 # -- mapping ------------------------------------------------------------------------------------------------
@@ -154,18 +170,22 @@ def _load(model: ZooVisionTransformer, weights: ViTWeights) -> LoadReport:
         for name in ("head.weight", "head.bias"):
             mapped.pop(name, None)
             used.discard(name)
-        head_note = (f"the model has {target['head.weight'].shape[0]} classes, the checkpoint "
-                     f"{state['head.weight'].shape[0]}")
+        head_note = (
+            f"the model has {target['head.weight'].shape[0]} classes, the checkpoint {state['head.weight'].shape[0]}"
+        )
     for name, tensor in mapped.items():
         if tensor.shape != target[name].shape:
-            raise ValueError(f"init_from={weights.source}: the checkpoint's {name} has shape {tuple(tensor.shape)}, "
-                             f"the model's {tuple(target[name].shape)}; build the model with the checkpoint's shape")
+            raise ValueError(
+                f"init_from={weights.source}: the checkpoint's {name} has shape {tuple(tensor.shape)}, "
+                f"the model's {tuple(target[name].shape)}; build the model with the checkpoint's shape"
+            )
     new = [name for name in target if name not in mapped]
     unused = [name for name in state if name not in used]
     _check_leftovers(model, weights.source, new, unused)
     if identity:
-        notes.append(f"{compact_names(identity)} set to the identity (projected heads reproduce the checkpoint's "
-                     f"q, k, v)")
+        notes.append(
+            f"{compact_names(identity)} set to the identity (projected heads reproduce the checkpoint's q, k, v)"
+        )
     result = model.load_state_dict(mapped, strict=False)
     assert not result.unexpected_keys, result.unexpected_keys  # every mapped name comes from the model's state dict
     loaded = [name for name in mapped if name not in identity]
@@ -177,23 +197,34 @@ def _attention(block: nn.Module) -> ZooAttention:
     return cast(ZooAttention, block.attn)
 
 
-def _projections(attn: ZooAttention, prefix: str, state: Mapping[str, torch.Tensor], source: str, used: Set[str],
-                 partial: List[str], identity: List[str]) -> Dict[str, torch.Tensor]:
+def _projections(
+    attn: ZooAttention,
+    prefix: str,
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    used: Set[str],
+    partial: List[str],
+    identity: List[str],
+) -> Dict[str, torch.Tensor]:
     """The mechanism's ``in_proj`` from timm's fused ``qkv`` (rows q | k | v, each ``num_heads`` heads in turn)."""
     rows = [QKV.index(p) for p in attn.projections]
     proj, out = attn.in_proj.proj, {}
     if attn.heads == "projected" and attn.attn_dim != proj.in_features:
-        raise ValueError(f"init_from={source}: projected heads reproduce the checkpoint's q, k, v only when "
-                         f"num_heads x head_dim equals the width ({proj.in_features}); the model has "
-                         f"{attn.num_heads} x {attn.head_dim} = {attn.attn_dim}: leave head_dim unset (null)")
+        raise ValueError(
+            f"init_from={source}: projected heads reproduce the checkpoint's q, k, v only when "
+            f"num_heads x head_dim equals the width ({proj.in_features}); the model has "
+            f"{attn.num_heads} x {attn.head_dim} = {attn.attn_dim}: leave head_dim unset (null)"
+        )
     for kind in ("weight", "bias"):
         name = f"{prefix}.qkv.{kind}"
         if getattr(proj, kind) is None or name not in state:
             continue  # a bias on one side only differs in qkv_bias, which _check_architecture reports
         fused = state[name]
         if fused.shape[0] % 3:
-            raise ValueError(f"init_from={source}: {name} has shape {tuple(fused.shape)}, not three stacked q, k, v "
-                             f"projections; give a timm VisionTransformer state dict")
+            raise ValueError(
+                f"init_from={source}: {name} has shape {tuple(fused.shape)}, not three stacked q, k, v "
+                f"projections; give a timm VisionTransformer state dict"
+            )
         parts = fused.chunk(3)
         out[f"{prefix}.in_proj.proj.{kind}"] = torch.cat([parts[r] for r in rows])
         used.add(name)
@@ -207,22 +238,26 @@ def _projections(attn: ZooAttention, prefix: str, state: Mapping[str, torch.Tens
     return out
 
 
-def _resample_embeddings(model: ZooVisionTransformer, weights: ViTWeights, mapped: Dict[str, torch.Tensor],
-                         notes: List[str]) -> None:
+def _resample_embeddings(
+    model: ZooVisionTransformer, weights: ViTWeights, mapped: Dict[str, torch.Tensor], notes: List[str]
+) -> None:
     """Position embedding to the model's grid, patch embedding to its patch size and input channels (timm's way)."""
     patch = mapped.get("patch_embed.proj.weight")
     want = model.patch_embed.proj.weight.shape
     if patch is not None and patch.shape[-2:] != want[-2:]:
         mapped["patch_embed.proj.weight"] = patch = resample_patch_embed(patch, list(want[-2:]), **_RESAMPLE)
-        notes.append(f"patch embedding {_size(weights.state['patch_embed.proj.weight'].shape[-2:])} -> "
-                     f"{_size(want[-2:])}")
+        notes.append(
+            f"patch embedding {_size(weights.state['patch_embed.proj.weight'].shape[-2:])} -> {_size(want[-2:])}"
+        )
     if patch is not None and patch.shape[1] != want[1]:
         try:
             mapped["patch_embed.proj.weight"] = adapt_input_conv(want[1], patch, base_chans=patch.shape[1])
         except NotImplementedError as err:
-            raise ValueError(f"init_from={weights.source}: the patch embedding's {patch.shape[1]} input channels "
-                             f"cannot be adapted to the model's {want[1]} ({err}); build the model with "
-                             f"in_chans={patch.shape[1]}") from None
+            raise ValueError(
+                f"init_from={weights.source}: the patch embedding's {patch.shape[1]} input channels "
+                f"cannot be adapted to the model's {want[1]} ({err}); build the model with "
+                f"in_chans={patch.shape[1]}"
+            ) from None
         notes.append(f"patch embedding {patch.shape[1]} -> {want[1]} input channels")
     pos = mapped.get("pos_embed")
     if pos is None:
@@ -235,13 +270,16 @@ def _resample_embeddings(model: ZooVisionTransformer, weights: ViTWeights, mappe
         side = math.isqrt(max(tokens, 0))
         old = (side, side)
     if old[0] * old[1] != tokens:
-        raise ValueError(f"init_from={weights.source}: the position embedding has {pos.shape[1]} tokens, {prefix} "
-                         f"prefix + {tokens}, which is no {'x'.join(map(str, old))} grid; build the model with the "
-                         f"checkpoint's class_token / reg_tokens / no_embed_class")
+        raise ValueError(
+            f"init_from={weights.source}: the position embedding has {pos.shape[1]} tokens, {prefix} "
+            f"prefix + {tokens}, which is no {'x'.join(map(str, old))} grid; build the model with the "
+            f"checkpoint's class_token / reg_tokens / no_embed_class"
+        )
     new = tuple(model.patch_embed.grid_size)
     if old != new:
-        mapped["pos_embed"] = resample_abs_pos_embed(pos, new_size=list(new), old_size=list(old),
-                                                     num_prefix_tokens=prefix, **_RESAMPLE)
+        mapped["pos_embed"] = resample_abs_pos_embed(
+            pos, new_size=list(new), old_size=list(old), num_prefix_tokens=prefix, **_RESAMPLE
+        )
         notes.append(f"position embedding {_size(old)} -> {_size(new)}")
 
 
@@ -250,14 +288,21 @@ def _check_leftovers(model: ZooVisionTransformer, source: str, new: List[str], u
     own = re.compile(r"^blocks\.\d+\.attn\.(?!in_proj\.|proj\.|q_norm\.|k_norm\.|norm\.)")
     lacking = [name for name in new if not own.match(name) and not name.startswith("head.")]
     if lacking:
-        raise ValueError(f"init_from={source}: the checkpoint has no {compact_names(lacking)}, which the model has; "
-                         f"build the model with the checkpoint's architecture")
+        raise ValueError(
+            f"init_from={source}: the checkpoint has no {compact_names(lacking)}, which the model has; "
+            f"build the model with the checkpoint's architecture"
+        )
     has_q = "q" in _attention(model.blocks[0]).projections
-    extra = [name for name in unused if not _MAY_BE_UNUSED.match(name)
-             and not (not has_q and re.match(r"^blocks\.\d+\.attn\.[qk]_norm\.", name))]
+    extra = [
+        name
+        for name in unused
+        if not _MAY_BE_UNUSED.match(name) and not (not has_q and re.match(r"^blocks\.\d+\.attn\.[qk]_norm\.", name))
+    ]
     if extra:
-        raise ValueError(f"init_from={source}: the model has no place for the checkpoint's {compact_names(extra)}; "
-                         f"give a plain timm VisionTransformer or build the model with the checkpoint's architecture")
+        raise ValueError(
+            f"init_from={source}: the model has no place for the checkpoint's {compact_names(extra)}; "
+            f"give a plain timm VisionTransformer or build the model with the checkpoint's architecture"
+        )
 
 
 def _hydra(value: Any) -> str:
@@ -279,5 +324,7 @@ def compact_names(names: Iterable[str]) -> str:
             leaves.append(leaf)
     if not groups:
         return "none"
-    return ", ".join((f"{stem}." if stem else "") + (leaves[0] if len(leaves) == 1 else "{" + ",".join(leaves) + "}")
-                     for stem, leaves in groups.items())
+    return ", ".join(
+        (f"{stem}." if stem else "") + (leaves[0] if len(leaves) == 1 else "{" + ",".join(leaves) + "}")
+        for stem, leaves in groups.items()
+    )

@@ -4,6 +4,7 @@ Each source gives a :class:`ViTWeights`: the tensors in the layout of timm's ``V
 (``blocks.N.attn.qkv``) and, where the source records it, a model of the source's architecture whose
 attributes tell what the tensors do not (number of heads, position-embedding grid, pooling, activation).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ from .vit import VIT_ARCHS
 __all__ = ["ViTWeights", "read_vit_weights", "SOURCE_FORMS", "STATE_DICT_SUFFIXES"]
 
 STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".bin")
-SOURCE_FORMS = ("timm:<model>.<tag>, a .safetensors / .pth / .bin state dict of a timm VisionTransformer, "
-                "or a vitzoo export folder")
+SOURCE_FORMS = (
+    "timm:<model>.<tag>, a .safetensors / .pth / .bin state dict of a timm VisionTransformer, or a vitzoo export folder"
+)
 _QKV = ".attn.qkv."
 _IN_PROJ = ".attn.in_proj.proj."
 
@@ -44,8 +46,9 @@ class ViTWeights:
     reference: Optional[VisionTransformer] = None
 
 
-def read_vit_weights(source: Union[str, os.PathLike],
-                     before_download: Optional[Callable[[ViTWeights], None]] = None) -> ViTWeights:
+def read_vit_weights(
+    source: Union[str, os.PathLike], before_download: Optional[Callable[[ViTWeights], None]] = None
+) -> ViTWeights:
     """The weights ``source`` names (see ``SOURCE_FORMS``); each problem is a one-line ValueError /
     FileNotFoundError. ``before_download`` sees a timm model's architecture (tensors on the meta device) first."""
     text = os.fspath(source)
@@ -57,54 +60,68 @@ def read_vit_weights(source: Union[str, os.PathLike],
     if not path.is_file():
         raise FileNotFoundError(f"init_from={text!r} does not exist; give {SOURCE_FORMS}")
     if path.suffix == ".ckpt":
-        raise ValueError(f"init_from={text!r} is a training checkpoint; export it first (`python -m vitzoo.export "
-                         f"{text} OUT`) and pass init_from=OUT")
+        raise ValueError(
+            f"init_from={text!r} is a training checkpoint; export it first (`python -m vitzoo.export "
+            f"{text} OUT`) and pass init_from=OUT"
+        )
     if path.suffix not in STATE_DICT_SUFFIXES:
         raise ValueError(f"init_from={text!r} has suffix {path.suffix!r}; give {SOURCE_FORMS}")
     try:
-        state = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu",
-                                                                                          weights_only=True)
+        state = (
+            load_file(str(path))
+            if path.suffix == ".safetensors"
+            else torch.load(path, map_location="cpu", weights_only=True)
+        )
     except (SafetensorError, RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
         reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise ValueError(f"init_from={text!r} is not a readable state dict ({reason}); save it with "
-                         f"safetensors' save_file(model.state_dict(), ...) or torch.save(model.state_dict(), ...)") from None
+        raise ValueError(
+            f"init_from={text!r} is not a readable state dict ({reason}); save it with "
+            f"safetensors' save_file(model.state_dict(), ...) or torch.save(model.state_dict(), ...)"
+        ) from None
     return ViTWeights(text, _tensors_only(text, state))
 
 
 def _tensors_only(source: str, state) -> Dict[str, torch.Tensor]:
     """The state dict inside a training script's wrapper (``state_dict`` / ``model`` key, ``module.`` prefixes)."""
-    wrapped = next((state[key] for key in ("state_dict", "model") if isinstance(state, dict)
-                    and isinstance(state.get(key), dict)), state)
+    wrapped = next(
+        (state[key] for key in ("state_dict", "model") if isinstance(state, dict) and isinstance(state.get(key), dict)),
+        state,
+    )
     state = clean_state_dict(wrapped) if isinstance(wrapped, dict) else wrapped
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"init_from={source!r} holds no state dict of tensors; pass the state dict of a timm "
-                         f"VisionTransformer")
+        raise ValueError(
+            f"init_from={source!r} holds no state dict of tensors; pass the state dict of a timm VisionTransformer"
+        )
     return state
 
 
 def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], None]]) -> ViTWeights:
     """Download as ``timm.create_model(name, pretrained=True)`` does (hub cache included) and keep its model."""
-    name = source[len("timm:"):]
+    name = source[len("timm:") :]
     try:
         get_pretrained_cfg(name, allow_unregistered=False)
     except RuntimeError as err:
-        raise ValueError(f"init_from={source!r}: {err} List the weights timm has with "
-                         f"timm.list_pretrained('vit_*')") from None
+        raise ValueError(
+            f"init_from={source!r}: {err} List the weights timm has with timm.list_pretrained('vit_*')"
+        ) from None
     with torch.device("meta"):  # the architecture alone, to refuse a non-ViT or another shape before downloading
         layout = timm.create_model(name)
     if not _is_plain_vit(layout):
-        raise ValueError(f"init_from={source!r} is a {type(layout).__name__}, not a ViT with a patch embedding "
-                         f"(timm's VisionTransformer); pick a vit_* model")
+        raise ValueError(
+            f"init_from={source!r} is a {type(layout).__name__}, not a ViT with a patch embedding "
+            f"(timm's VisionTransformer); pick a vit_* model"
+        )
     if before_download is not None:
         before_download(ViTWeights(source, layout.state_dict(), cast(VisionTransformer, layout)))  # _is_plain_vit
     try:
         model = timm.create_model(name, pretrained=True)
     except OSError as err:  # no network, hub error, nothing cached (huggingface_hub's and urllib's errors are OSErrors)
         reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
-        raise ValueError(f"init_from={source!r}: the weights could not be downloaded ({reason}); offline, pass a "
-                         f"local file instead: save timm.create_model('{name}', pretrained=True).state_dict() where "
-                         f"the hub is reachable (safetensors' save_file) and give init_from=/path/to/weights.safetensors"
-                         ) from None
+        raise ValueError(
+            f"init_from={source!r}: the weights could not be downloaded ({reason}); offline, pass a "
+            f"local file instead: save timm.create_model('{name}', pretrained=True).state_dict() where "
+            f"the hub is reachable (safetensors' save_file) and give init_from=/path/to/weights.safetensors"
+        ) from None
     return ViTWeights(source, model.state_dict(), cast(VisionTransformer, model))  # the architecture checked above
 
 
@@ -117,13 +134,17 @@ def _from_export(source: str, path: Path) -> ViTWeights:
     cfg = check_export(path)
     arch, args = cfg["architecture"], dict(cfg.get("model_args") or {})
     if arch not in VIT_ARCHS:
-        raise ValueError(f"init_from={source!r} is an export of {arch}, not a ViT; give a ViT's export "
-                         f"({', '.join(sorted(VIT_ARCHS))})")
+        raise ValueError(
+            f"init_from={source!r} is an export of {arch}, not a ViT; give a ViT's export "
+            f"({', '.join(sorted(VIT_ARCHS))})"
+        )
     spec = args.pop("attention", "softmax")
     cls, options = resolve_attention(spec)
     if not issubclass(cls, SoftmaxAttention):
-        raise ValueError(f"init_from={source!r} holds {cls.__name__} weights; init_from takes a softmax ViT (load "
-                         f"this export as it is with vitzoo.export.load_exported)")
+        raise ValueError(
+            f"init_from={source!r} holds {cls.__name__} weights; init_from takes a softmax ViT (load "
+            f"this export as it is with vitzoo.export.load_exported)"
+        )
     with torch.device("meta"):  # the export's own architecture, for its attributes
         reference = cast(VisionTransformer, timm.create_model(arch, attention=spec, **args))  # a VIT_ARCHS arch
     state = load_file(str(path / WEIGHTS_NAME))

@@ -1,4 +1,5 @@
 """ViT backbones: timm's ``VisionTransformer`` with the zoo's attention as ``attn_layer``."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Tuple
@@ -49,15 +50,18 @@ def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
     return tuple(sorted({max(0, round((i + 1) * depth / levels) - 1) for i in range(levels)}))
 
 
-def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", block: str = "timm",
-                **kwargs):
+def _create_vit(
+    variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", block: str = "timm", **kwargs
+):
     verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
     img_size = to_2tuple(kwargs.get("img_size", 224))
     patch_size = to_2tuple(kwargs.get("patch_size", 16))
     grid = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
     if grid[0] * patch_size[0] != img_size[0] or grid[1] * patch_size[1] != img_size[1]:
-        raise ValueError(f"img_size {tuple(img_size)} is not divisible by patch_size {tuple(patch_size)}; "
-                         f"choose an img_size that is a multiple of the patch size")
+        raise ValueError(
+            f"img_size {tuple(img_size)} is not divisible by patch_size {tuple(patch_size)}; "
+            f"choose an img_size that is a multiple of the patch size"
+        )
     prefix = (1 if kwargs.get("class_token", True) else 0) + kwargs.get("reg_tokens", 0)
     context = dict(num_tokens=prefix + grid[0] * grid[1], num_prefix_tokens=prefix, grid_size=grid)
     kwargs.setdefault("dynamic_img_size", True)
@@ -71,7 +75,9 @@ def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec
         layers = [attention_layer(spec, **context) for spec in block_specs(attention, depth)]
         block_fn, attn_layer = per_block(block_fn, layers), layers[0]
     return build_model_with_cfg(
-        ZooVisionTransformer, variant, pretrained,
+        ZooVisionTransformer,
+        variant,
+        pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         attn_layer=attn_layer or attention_layer(attention, **context),
@@ -81,17 +87,31 @@ def _create_vit(variant: str, pretrained: bool = False, attention: AttentionSpec
 
 
 def _cfg(**kwargs):
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.9,
-            "interpolation": "bicubic", "fixed_input_size": False, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
-            "first_conv": "patch_embed.proj", "classifier": "head", "license": "apache-2.0", **kwargs}
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": None,
+        "crop_pct": 0.9,
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": (0.5, 0.5, 0.5),
+        "std": (0.5, 0.5, 0.5),
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "apache-2.0",
+        **kwargs,
+    }
 
 
-default_cfgs = generate_default_cfgs({
-    "vit_cifar": _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR_MEAN, std=CIFAR_STD),
-    "vit_tiny": _cfg(),
-    "vit_small": _cfg(),
-    "vit_base": _cfg(),
-})
+default_cfgs = generate_default_cfgs(
+    {
+        "vit_cifar": _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR_MEAN, std=CIFAR_STD),
+        "vit_tiny": _cfg(),
+        "vit_small": _cfg(),
+        "vit_base": _cfg(),
+    }
+)
 
 # Architecture shapes; anything passed to create_model overrides them.
 VIT_ARCHS: Dict[str, Dict[str, Any]] = {

@@ -5,12 +5,24 @@ model, ``summarize`` turns records into mean corrupted accuracy, relative drop a
 whole sweep over several models and returns a ``RobustnessResult`` that writes eval.py's files
 (``vitzoo.robustness.run.evaluate_checkpoints``, what ``eval.py`` runs, wraps it).
 """
+
 from .api import RobustnessResult, evaluate
 from .attention_noise import attention_noise
 from .corruptions import CORRUPTIONS, PROTOCOLS, corrupt, list_corruptions
 from .report import summarize
 from .sweep import Pass, Sweep, run_pass, sweep_passes
 
-__all__ = ["evaluate", "RobustnessResult", "CORRUPTIONS", "PROTOCOLS", "corrupt", "list_corruptions", "attention_noise",
-           "Sweep", "Pass",
-           "run_pass", "sweep_passes", "summarize"]
+__all__ = [
+    "evaluate",
+    "RobustnessResult",
+    "CORRUPTIONS",
+    "PROTOCOLS",
+    "corrupt",
+    "list_corruptions",
+    "attention_noise",
+    "Sweep",
+    "Pass",
+    "run_pass",
+    "sweep_passes",
+    "summarize",
+]

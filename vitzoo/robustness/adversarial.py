@@ -8,6 +8,7 @@ written here (the tests compare them with torchattacks'). ``attack="autoattack"`
 through torchattacks (Croce & Hein 2020: APGD-CE, APGD-T, FAB-T, Square with 5,000 queries, each on the images the
 ones before left correct), RobustBench's L-inf number and far more expensive than PGD.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Iterable, Optional, Sequence
@@ -18,13 +19,24 @@ import torch.nn.functional as F
 
 from vitzoo.errors import MissingDependency
 
-__all__ = ["Normalised", "adversarial_accuracy", "pgd", "fgsm", "require_torchattacks", "PGD_STEPS", "ATTACKS",
-           "ATTACK_SETS", "TORCHATTACKS_INSTALL"]
+__all__ = [
+    "Normalised",
+    "adversarial_accuracy",
+    "pgd",
+    "fgsm",
+    "require_torchattacks",
+    "PGD_STEPS",
+    "ATTACKS",
+    "ATTACK_SETS",
+    "TORCHATTACKS_INSTALL",
+]
 
 PGD_STEPS = 10
 ATTACKS = ("pgd", "autoattack")
-ATTACK_SETS = {"pgd": "PGD-10 + FGSM",  # what each attack runs, as the records name it
-               "autoattack": "AutoAttack standard (APGD-CE, APGD-T, FAB-T, Square) + PGD-10 + FGSM"}
+ATTACK_SETS = {
+    "pgd": "PGD-10 + FGSM",  # what each attack runs, as the records name it
+    "autoattack": "AutoAttack standard (APGD-CE, APGD-T, FAB-T, Square) + PGD-10 + FGSM",
+}
 TORCHATTACKS_INSTALL = "pip install --no-deps torchattacks==3.5.1"  # its own requirements pin an old requests
 
 
@@ -52,8 +64,15 @@ def fgsm(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, eps: floa
     return (images + eps * _input_gradient_sign(model, images, labels)).clamp(0, 1).detach()
 
 
-def pgd(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, eps: float, alpha: float, steps: int,
-        generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def pgd(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    eps: float,
+    alpha: float,
+    steps: int,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """Projected gradient descent on the cross-entropy in the L-inf ball of radius ``eps`` around ``images``
     (in [0, 1]): a uniform random start in the ball, then ``steps`` sign-gradient steps of ``alpha``, each
     projected back into the ball and onto [0, 1]. ``generator`` draws the start."""
@@ -70,26 +89,40 @@ def require_torchattacks():
     try:
         import torchattacks
     except ImportError as err:
-        raise MissingDependency(f"attack='autoattack' needs torchattacks: {TORCHATTACKS_INSTALL} (its own requirements "
-                          f"pin an old requests); attack='pgd' needs nothing more") from err
+        raise MissingDependency(
+            f"attack='autoattack' needs torchattacks: {TORCHATTACKS_INSTALL} (its own requirements "
+            f"pin an old requests); attack='pgd' needs nothing more"
+        ) from err
     return torchattacks
 
 
-def adversarial_accuracy(model: nn.Module, batches: Iterable, mean: Sequence[float], std: Sequence[float],
-                         eps: float, device: torch.device, seed: int = 0, attack: str = "pgd") -> Dict[str, float]:
+def adversarial_accuracy(
+    model: nn.Module,
+    batches: Iterable,
+    mean: Sequence[float],
+    std: Sequence[float],
+    eps: float,
+    device: torch.device,
+    seed: int = 0,
+    attack: str = "pgd",
+) -> Dict[str, float]:
     """Top-1 accuracy under PGD L-inf (``acc1``) and FGSM (``fgsm_acc1``) at ``eps`` (a [0, 1] pixel distance)
     on (images in [0, 1], labels) ``batches``; with ``attack="autoattack"`` also under AutoAttack's standard set
     (``autoattack_acc1``); ``num_images``. ``seed`` seeds PGD's random starts (and AutoAttack)."""
     if not eps > 0:
         raise ValueError(f"adversarial eps must be > 0 (clean accuracy is the clean pass), got {eps}")
     if attack not in ATTACKS:
-        raise ValueError(f"attack={attack!r}; choose pgd (PGD-10 and FGSM) or autoattack (adds AutoAttack's standard "
-                         f"set, far slower)")
+        raise ValueError(
+            f"attack={attack!r}; choose pgd (PGD-10 and FGSM) or autoattack (adds AutoAttack's standard "
+            f"set, far slower)"
+        )
     torchattacks = require_torchattacks() if attack == "autoattack" else None
     attacked = Normalised(model, mean, std).to(device).eval()
     generator = torch.Generator(device).manual_seed(seed)
-    attacks = {"acc1": lambda x, y: pgd(attacked, x, y, eps, 2.5 * eps / PGD_STEPS, PGD_STEPS, generator),
-               "fgsm_acc1": lambda x, y: fgsm(attacked, x, y, eps)}
+    attacks = {
+        "acc1": lambda x, y: pgd(attacked, x, y, eps, 2.5 * eps / PGD_STEPS, PGD_STEPS, generator),
+        "fgsm_acc1": lambda x, y: fgsm(attacked, x, y, eps),
+    }
     correct = dict.fromkeys([*attacks, *(["autoattack_acc1"] if torchattacks else [])], 0)
     total = 0
     for images, labels in batches:
@@ -97,8 +130,9 @@ def adversarial_accuracy(model: nn.Module, batches: Iterable, mean: Sequence[flo
         if torchattacks and "autoattack_acc1" not in attacks:  # its class count from the logits
             with torch.no_grad():
                 classes = attacked(images[:1]).shape[1]
-            attacks["autoattack_acc1"] = torchattacks.AutoAttack(attacked, norm="Linf", eps=eps, version="standard",
-                                                                 n_classes=classes, seed=seed)
+            attacks["autoattack_acc1"] = torchattacks.AutoAttack(
+                attacked, norm="Linf", eps=eps, version="standard", n_classes=classes, seed=seed
+            )
         for key, method in attacks.items():
             adv = method(images, labels)
             with torch.no_grad():

@@ -1,5 +1,6 @@
 """The robustness benchmark from Python: ``evaluate(models, data, corruptions=..., adversarial=...)`` runs one sweep
 over one or several models and returns a :class:`RobustnessResult`, which writes the files eval.py writes."""
+
 from __future__ import annotations
 
 import logging
@@ -48,10 +49,14 @@ class RobustnessResult:
     def metrics(self) -> Dict[str, dict]:
         """Clean top-1 / top-5 / loss per checkpoint, with its path, architecture and attention."""
         keep = ("path", "arch", "attention")
-        return {r["checkpoint"]: {**{k: r[k] for k in ("acc1", "acc5", "loss", "num_images")},
-                                  **{("ckpt_path" if k == "path" else k): self.checkpoints[r["checkpoint"]][k]
-                                     for k in keep}}
-                for r in self.records if r["test"] == CLEAN}
+        return {
+            r["checkpoint"]: {
+                **{k: r[k] for k in ("acc1", "acc5", "loss", "num_images")},
+                **{("ckpt_path" if k == "path" else k): self.checkpoints[r["checkpoint"]][k] for k in keep},
+            }
+            for r in self.records
+            if r["test"] == CLEAN
+        }
 
     def table(self) -> List[str]:
         """The closing table's lines (eval.py logs them)."""
@@ -63,10 +68,23 @@ class RobustnessResult:
         returns the lines that say where each went."""
         out = Path(out_dir)
         sweep = {f.name: getattr(self.sweep, f.name) for f in fields(Sweep)}
-        write_results(self.records, self.summary, out, {"checkpoints": self.checkpoints, "baseline": self.baseline,
-                                                        "data": self.data, "sweep": sweep, **self.source})
-        drawn = plot_results(self.records, out, {lb: c["img_size"] for lb, c in self.checkpoints.items()},
-                             self.data) if plots else []
+        write_results(
+            self.records,
+            self.summary,
+            out,
+            {
+                "checkpoints": self.checkpoints,
+                "baseline": self.baseline,
+                "data": self.data,
+                "sweep": sweep,
+                **self.source,
+            },
+        )
+        drawn = (
+            plot_results(self.records, out, {lb: c["img_size"] for lb, c in self.checkpoints.items()}, self.data)
+            if plots
+            else []
+        )
         board = out / "tensorboard" if tensorboard else None
         if board is not None:
             log_tensorboard(self.records, board)
@@ -94,8 +112,12 @@ def _unit_loaders(data: Callable[..., Any], channels: int, max_images: Optional[
                 dataset = Subset(dataset, range(min(int(max_images), len(dataset))))
             decoded_bytes = len(dataset) * channels * size * size * 4
             in_memory = decoded_bytes <= MEMORY_BUDGET_BYTES
-            loader = DataLoader(dataset, batch_size=dm.eval_batch_size, num_workers=dm.num_workers,
-                                persistent_workers=dm.num_workers > 0 and not in_memory)
+            loader = DataLoader(
+                dataset,
+                batch_size=dm.eval_batch_size,
+                num_workers=dm.num_workers,
+                persistent_workers=dm.num_workers > 0 and not in_memory,
+            )
             cache[size] = list(loader) if in_memory else loader
         return cache[size]
 
@@ -106,14 +128,20 @@ def _model_entry(model: nn.Module) -> Loaded:
     """A timm / vitzoo model's own description of its input (``pretrained_cfg``) as classifier hyperparameters."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
     if not cfg.get("input_size") or cfg.get("mean") is None:
-        raise ValueError("the model carries no pretrained_cfg (input_size, mean, std); pass a checkpoint path, or a "
-                         "model built by vitzoo.create_model / timm.create_model / vitzoo.export.load_exported")
+        raise ValueError(
+            "the model carries no pretrained_cfg (input_size, mean, std); pass a checkpoint path, or a "
+            "model built by vitzoo.create_model / timm.create_model / vitzoo.export.load_exported"
+        )
     args = getattr(model, "_model_args", {}) or {}
     size = args.get("img_size") or cfg["input_size"][-1]  # the size it was built for, else its config's
-    return model.eval(), {"arch": cfg.get("architecture", type(model).__name__),
-                          "img_size": size[-1] if isinstance(size, (list, tuple)) else size,
-                          "attention": args.get("attention", "softmax"), "mean": list(cfg["mean"]),
-                          "std": list(cfg["std"]), "num_classes": model.num_classes}
+    return model.eval(), {
+        "arch": cfg.get("architecture", type(model).__name__),
+        "img_size": size[-1] if isinstance(size, (list, tuple)) else size,
+        "attention": args.get("attention", "softmax"),
+        "mean": list(cfg["mean"]),
+        "std": list(cfg["std"]),
+        "num_classes": model.num_classes,
+    }
 
 
 def _entries(models: Any) -> List[Tuple[Optional[str], str, Loaded]]:
@@ -121,13 +149,22 @@ def _entries(models: Any) -> List[Tuple[Optional[str], str, Loaded]]:
     (label or None, model) pairs) or a {label: model} mapping."""
     if models is None or (isinstance(models, (list, tuple, Mapping)) and not models):
         raise ValueError("no model given; pass a checkpoint path, a model, or a list / {label: ...} of them")
-    items = list(models.items()) if isinstance(models, Mapping) else \
-        [m if isinstance(m, tuple) else (None, m) for m in (models if isinstance(models, list) else [models])]
+    items = (
+        list(models.items())
+        if isinstance(models, Mapping)
+        else [m if isinstance(m, tuple) else (None, m) for m in (models if isinstance(models, list) else [models])]
+    )
     paths = [os.path.abspath(m) for _, m in items if isinstance(m, (str, os.PathLike))]
     if len(set(paths)) != len(paths):
         raise ValueError(f"a checkpoint is listed twice: {paths}")
-    return [(None if label is None else str(label), os.fspath(m) if isinstance(m, (str, os.PathLike)) else "",
-             load_classifier(m) if isinstance(m, (str, os.PathLike)) else _model_entry(m)) for label, m in items]
+    return [
+        (
+            None if label is None else str(label),
+            os.fspath(m) if isinstance(m, (str, os.PathLike)) else "",
+            load_classifier(m) if isinstance(m, (str, os.PathLike)) else _model_entry(m),
+        )
+        for label, m in items
+    ]
 
 
 def _labels(entries: Sequence[Tuple[Optional[str], str, Loaded]]) -> List[str]:
@@ -137,11 +174,12 @@ def _labels(entries: Sequence[Tuple[Optional[str], str, Loaded]]) -> List[str]:
     names = [describe(h["attention"]) for h in hparams]
     if len({h["arch"] for h in hparams}) > 1:
         names = [f"{h['arch']}/{n}" for h, n in zip(hparams, names)]
-    runs = [Path(p).parent.parent.name if Path(p).parent.name == "checkpoints" else Path(p).stem
-            for _, p, _ in entries]
+    runs = [Path(p).parent.parent.name if Path(p).parent.name == "checkpoints" else Path(p).stem for _, p, _ in entries]
     taken = [lb for lb, _, _ in entries if lb is not None]
-    labels = [lb if lb is not None else (n if names.count(n) == 1 and n not in taken else f"{n} ({r})")
-              for (lb, _, _), n, r in zip(entries, names, runs)]
+    labels = [
+        lb if lb is not None else (n if names.count(n) == 1 and n not in taken else f"{n} ({r})")
+        for (lb, _, _), n, r in zip(entries, names, runs)
+    ]
     return [lb if labels.count(lb) == 1 else f"{lb} #{i}" for i, lb in enumerate(labels)]
 
 
@@ -151,10 +189,21 @@ def _device(name: Union[str, torch.device]) -> torch.device:
     return torch.device(name)
 
 
-def evaluate(models: Any, data: Callable[..., Any], *, baseline: Optional[Union[str, int]] = None,
-             max_images: Optional[int] = None, device: Union[str, torch.device] = "cpu", source: str = "computed",
-             root: Optional[str] = None, out_dir: Optional[Union[str, os.PathLike]] = None, plots: bool = True,
-             tensorboard: bool = True, progress: bool = False, **options: Any) -> RobustnessResult:
+def evaluate(
+    models: Any,
+    data: Callable[..., Any],
+    *,
+    baseline: Optional[Union[str, int]] = None,
+    max_images: Optional[int] = None,
+    device: Union[str, torch.device] = "cpu",
+    source: str = "computed",
+    root: Optional[str] = None,
+    out_dir: Optional[Union[str, os.PathLike]] = None,
+    plots: bool = True,
+    tensorboard: bool = True,
+    progress: bool = False,
+    **options: Any,
+) -> RobustnessResult:
     """Run one robustness sweep over ``models`` on ``data``'s val split.
 
     ``models``: a checkpoint path written by train.py, a model (``vitzoo.create_model``, ``load_exported``: its
@@ -180,55 +229,107 @@ def evaluate(models: Any, data: Callable[..., Any], *, baseline: Optional[Union[
     dm = data(img_size=loaded[0][1]["img_size"])
     for label, (_, hp) in zip(labels, loaded):
         if hp["num_classes"] != dm.num_classes:
-            raise ValueError(f"{label} has {hp['num_classes']} classes but the data has {dm.num_classes}; "
-                             f"pass the data it was trained on")
+            raise ValueError(
+                f"{label} has {hp['num_classes']} classes but the data has {dm.num_classes}; "
+                f"pass the data it was trained on"
+            )
     channels = {len(hp["mean"]) for _, hp in loaded}
     if len(channels) > 1:
         raise ValueError(f"the models take different channel counts {sorted(channels)}; evaluate them separately")
-    sizes = {label: [resolution_size(hp["img_size"], r, patch_multiple(m)) for r in sweep.resolutions]
-             for label, (m, hp) in zip(labels, loaded)}
+    sizes = {
+        label: [resolution_size(hp["img_size"], r, patch_multiple(m)) for r in sweep.resolutions]
+        for label, (m, hp) in zip(labels, loaded)
+    }
     for label, (m, hp) in zip(labels, loaded):
         if len(set(sizes[label])) < len(sizes[label]):  # records are keyed by pixel size: one would hide another
-            raise ValueError(f"resolutions={list(sweep.resolutions)} give the sizes {sizes[label]} px for {label} "
-                             f"(trained at {hp['img_size']}, inputs a multiple of {patch_multiple(m)}): drop the "
-                             f"factors that repeat a size")
-    files = released_files(source, root, sweep.corruptions, sweep.protocol,
-                           {label: hp["img_size"] for label, (_, hp) in zip(labels, loaded)},
-                           getattr(dm, "classes", None), dm.eval_batch_size, dm.num_workers, max_images)
+            raise ValueError(
+                f"resolutions={list(sweep.resolutions)} give the sizes {sizes[label]} px for {label} "
+                f"(trained at {hp['img_size']}, inputs a multiple of {patch_multiple(m)}): drop the "
+                f"factors that repeat a size"
+            )
+    files = released_files(
+        source,
+        root,
+        sweep.corruptions,
+        sweep.protocol,
+        {label: hp["img_size"] for label, (_, hp) in zip(labels, loaded)},
+        getattr(dm, "classes", None),
+        dm.eval_batch_size,
+        dm.num_workers,
+        max_images,
+    )
     loader_at = _unit_loaders(data, channels.pop(), max_images)
     where = torch.device(_device(device))
     name = _data_name(dm)
     passes = sweep_passes(sweep)
-    log.info("evaluating %s on the %s: %d pass(es) each%s", ", ".join(labels), name, len(passes),
-             f", into {Path(out_dir).resolve()}" if out_dir is not None else "")
+    log.info(
+        "evaluating %s on the %s: %d pass(es) each%s",
+        ", ".join(labels),
+        name,
+        len(passes),
+        f", into {Path(out_dir).resolve()}" if out_dir is not None else "",
+    )
     if files is not None:
-        log.info("corruption passes read the released files under %s (%s layout, %dx%d px)", files.root.resolve(),
-                 files.layout, *files.image_size)
+        log.info(
+            "corruption passes read the released files under %s (%s layout, %dx%d px)",
+            files.root.resolve(),
+            files.layout,
+            *files.image_size,
+        )
     records: List[dict] = []
     with Progress(progress, len(labels) * len(passes)) as advance:
         for label, (model, hp) in zip(labels, loaded):
             model.to(where)
             for step in passes:
                 advance(f"{label}: {step}")
-                metrics = run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"], loader_at, where,
-                                   files.loader if files is not None else None)
+                metrics = run_pass(
+                    model,
+                    step,
+                    sweep,
+                    hp["img_size"],
+                    hp["mean"],
+                    hp["std"],
+                    loader_at,
+                    where,
+                    files.loader if files is not None else None,
+                )
                 records.append({"checkpoint": label, "test": step.test, **metrics})
             model.cpu()
-    protocols = {label: files.protocol if files is not None else
-                 sweep.protocol or ("cifar" if hp["img_size"] <= CIFAR_MAX_SIDE else "imagenet")
-                 for label, (_, hp) in zip(labels, loaded)}
-    checkpoints = {label: {"path": os.path.abspath(path) if path else None, "arch": hp["arch"],
-                           "attention": hp["attention"], "img_size": hp["img_size"], "resolution_sizes": sizes[label],
-                           "protocol": protocols[label]}
-                   for label, (_, path, (_, hp)) in zip(labels, entries)}
+    protocols = {
+        label: files.protocol
+        if files is not None
+        else sweep.protocol or ("cifar" if hp["img_size"] <= CIFAR_MAX_SIDE else "imagenet")
+        for label, (_, hp) in zip(labels, loaded)
+    }
+    checkpoints = {
+        label: {
+            "path": os.path.abspath(path) if path else None,
+            "arch": hp["arch"],
+            "attention": hp["attention"],
+            "img_size": hp["img_size"],
+            "resolution_sizes": sizes[label],
+            "protocol": protocols[label],
+        }
+        for label, (_, path, (_, hp)) in zip(labels, entries)
+    }
     summary = summarize(records, baseline, protocols)
     for label, s in summary.items():
         if s.get("attack_check", "ok") != "ok":
-            log.warning("%s: the adversarial attack looks broken (%s); do not report its PGD numbers", label,
-                        s["attack_check"])
-    result = RobustnessResult(records, summary, checkpoints, baseline, name, sweep,
-                              {"source": "files" if files is not None else "computed",
-                               "root": str(files.root.resolve()) if files is not None else None})
+            log.warning(
+                "%s: the adversarial attack looks broken (%s); do not report its PGD numbers", label, s["attack_check"]
+            )
+    result = RobustnessResult(
+        records,
+        summary,
+        checkpoints,
+        baseline,
+        name,
+        sweep,
+        {
+            "source": "files" if files is not None else "computed",
+            "root": str(files.root.resolve()) if files is not None else None,
+        },
+    )
     if out_dir is not None:
         lines = result.write(out_dir, plots=plots, tensorboard=tensorboard)
         for line in [*result.table(), *lines]:
@@ -253,8 +354,9 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
-            self.bar = RichProgress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn())
+            self.bar = RichProgress(
+                TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+            )
             self.bar.start()
             self.task = self.bar.add_task("robustness", total=self.total)
         return self.advance

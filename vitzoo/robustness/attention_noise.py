@@ -1,4 +1,5 @@
 """Gaussian attention-logit noise at evaluation time, for every layer of a model (docs/mechanisms.md section 6)."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -1,4 +1,5 @@
 """Uncertainty of an accuracy measured on a finite set of images: the Wilson score interval."""
+
 from __future__ import annotations
 
 import math

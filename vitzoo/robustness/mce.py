@@ -4,6 +4,7 @@ ICLR 2019) and CIFAR-10-C / CIFAR-100-C's mean corruption accuracy over 15 x 5 (
 Each mean names the corruptions it went into; one over fewer than the 15 at severities 1-5 is labelled
 "over k of 15" and never called mCE.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Sequence
@@ -17,10 +18,21 @@ SEVERITIES = (1, 2, 3, 4, 5)
 # Top-1 error of AlexNet on ImageNet-C, mean over severities 1-5 (Hendrycks & Dietterich 2019; the values every
 # ImageNet-C evaluation normalises by, e.g. AugMix's imagenet.py and mmpretrain's mCE metric).
 ALEXNET_ERR = {
-    "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
-    "defocus_blur": 0.819880, "glass_blur": 0.826268, "motion_blur": 0.785948, "zoom_blur": 0.798360,
-    "snow": 0.866816, "frost": 0.826572, "fog": 0.819324, "brightness": 0.564592,
-    "contrast": 0.853204, "elastic_transform": 0.646056, "pixelate": 0.717840, "jpeg_compression": 0.606500,
+    "gaussian_noise": 0.886428,
+    "shot_noise": 0.894468,
+    "impulse_noise": 0.922640,
+    "defocus_blur": 0.819880,
+    "glass_blur": 0.826268,
+    "motion_blur": 0.785948,
+    "zoom_blur": 0.798360,
+    "snow": 0.866816,
+    "frost": 0.826572,
+    "fog": 0.819324,
+    "brightness": 0.564592,
+    "contrast": 0.853204,
+    "elastic_transform": 0.646056,
+    "pixelate": 0.717840,
+    "jpeg_compression": 0.606500,
 }
 
 Levels = Mapping[float, Mapping[str, Any]]  # severity -> record
@@ -54,12 +66,15 @@ def published(corruptions: Mapping[str, Levels], protocol: str) -> Dict[str, Any
     """
     full = [c for c in BENCHMARK if c in corruptions and _full(corruptions[c])]
     complete = len(full) == len(BENCHMARK)
-    out: Dict[str, Any] = {"protocol": protocol, "corruptions": full, "severities": list(SEVERITIES),
-                           "label": "15 x 5" if complete else f"{len(full)} of 15 x 5"}
+    out: Dict[str, Any] = {
+        "protocol": protocol,
+        "corruptions": full,
+        "severities": list(SEVERITIES),
+        "label": "15 x 5" if complete else f"{len(full)} of 15 x 5",
+    }
     if not full:
         return out
-    errors = {c: [1 - corruptions[c][s]["acc1"] for s in sorted(corruptions[c]) if int(s) in SEVERITIES]
-              for c in full}
+    errors = {c: [1 - corruptions[c][s]["acc1"] for s in sorted(corruptions[c]) if int(s) in SEVERITIES] for c in full}
     mean_acc = sum(1 - e for errs in errors.values() for e in errs) / (len(full) * len(SEVERITIES))
     out["mean_acc1"] = mean_acc
     out["mean_corruption_acc1"] = mean_acc if complete else None

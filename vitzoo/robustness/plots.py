@@ -4,6 +4,7 @@ Every figure names the data set, the number of images per point and the checkpoi
 each accuracy with its Wilson 95% interval as a band (the test set's sampling uncertainty), and puts
 accuracy on an axis from 0 to 100% so that small differences look as small as they are.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,15 @@ from .intervals import accuracy_interval
 from .report import by_checkpoint
 from .sweep import ADVERSARIAL, CLEAN, LOGIT_NOISE, RESOLUTION
 
-__all__ = ["plot_results", "corruption_figure", "logit_noise_figure", "resolution_figure", "adversarial_figure",
-           "context_title", "accuracy_axis"]
+__all__ = [
+    "plot_results",
+    "corruption_figure",
+    "logit_noise_figure",
+    "resolution_figure",
+    "adversarial_figure",
+    "context_title",
+    "accuracy_axis",
+]
 
 BAND = "bands: Wilson 95% interval of each accuracy (test-set sampling)"
 
@@ -31,10 +39,12 @@ def plot_results(records: Sequence[dict], out_dir: Path, train_sizes: Dict[str, 
     matplotlib.use("Agg")
     table = by_checkpoint(records)
     tests = {t for levels in table.values() for t in levels}
-    figures = [("corruptions.png", corruption_figure, bool(tests & set(CORRUPTIONS))),
-               ("logit_noise.png", logit_noise_figure, LOGIT_NOISE in tests),
-               ("resolution.png", lambda r, d: resolution_figure(r, d, train_sizes), RESOLUTION in tests),
-               ("adversarial.png", adversarial_figure, ADVERSARIAL in tests)]
+    figures = [
+        ("corruptions.png", corruption_figure, bool(tests & set(CORRUPTIONS))),
+        ("logit_noise.png", logit_noise_figure, LOGIT_NOISE in tests),
+        ("resolution.png", lambda r, d: resolution_figure(r, d, train_sizes), RESOLUTION in tests),
+        ("adversarial.png", adversarial_figure, ADVERSARIAL in tests),
+    ]
     return [_save(draw(records, data), out_dir / name) for name, draw, wanted in figures if wanted]
 
 
@@ -52,7 +62,8 @@ def context_title(data: str, num_images: Sequence[int], labels: Sequence[str], w
     count = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
     names = ", ".join(labels)
     checkpoints = f"{len(labels)} checkpoint{'s' if len(labels) > 1 else ''}" + (
-        f": {names}" if len(names) <= 70 else " (legend)")
+        f": {names}" if len(names) <= 70 else " (legend)"
+    )
     return "\n".join(line for line in (f"{data}, {count} images per point; {checkpoints}", what) if line)
 
 
@@ -67,7 +78,7 @@ def accuracy_axis(ax, label: str = "top-1 accuracy") -> None:
 
 def _curve(ax, xs: Sequence[float], points: Sequence[dict], label: str, key: str = "acc1", **style):
     """One checkpoint's line (returned); an accuracy (a ``*acc1`` key) gets its Wilson band in the line's colour."""
-    line, = ax.plot(xs, [p[key] for p in points], marker="o", markersize=4, label=label, **style)
+    (line,) = ax.plot(xs, [p[key] for p in points], marker="o", markersize=4, label=label, **style)
     if key.endswith("acc1"):
         low, high = zip(*(accuracy_interval(p[key], p["num_images"]) for p in points))
         ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
@@ -89,8 +100,9 @@ def corruption_figure(records: Sequence[dict], data: str):
     cols = min(4, len(names))
     rows = math.ceil(len(names) / cols)
     with plt.rc_context({"axes.prop_cycle": _line_styles()}):
-        fig, axes = plt.subplots(rows, cols, figsize=(max(6.5, 3.6 * cols), 3.0 * rows + 1.0), squeeze=False,
-                                 sharey=True)
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(max(6.5, 3.6 * cols), 3.0 * rows + 1.0), squeeze=False, sharey=True
+        )
         for ax, name in zip(axes.flat, names):
             for label, tests in table.items():
                 levels = tests.get(name, {})
@@ -101,7 +113,7 @@ def corruption_figure(records: Sequence[dict], data: str):
             accuracy_axis(ax)
         for ax in axes[:, 1:].flat:
             ax.set_ylabel("")
-        for ax in list(axes.flat)[len(names):]:
+        for ax in list(axes.flat)[len(names) :]:
             ax.axis("off")
     fig.suptitle(title, fontsize="medium")
     return fig
@@ -142,8 +154,11 @@ def resolution_figure(records: Sequence[dict], data: str, train_sizes: Dict[str,
                 accuracy_axis(ax)
                 ax.set_title("accuracy")
             else:  # H / log n lies in [0, 1]
-                ax.set(ylim=(0, 1.05), ylabel="attention entropy H / log n (mean over layers)",
-                       title="attention entropy (first 32 images)")
+                ax.set(
+                    ylim=(0, 1.05),
+                    ylabel="attention entropy H / log n (mean over layers)",
+                    title="attention entropy (first 32 images)",
+                )
             ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize="medium")
     return fig
@@ -161,8 +176,7 @@ def adversarial_figure(records: Sequence[dict], data: str):
             points = [clean, *(levels[e] for e in sorted(levels))]
             line = _curve(ax, xs, points, f"{label} PGD")
             if all("autoattack_acc1" in p for p in points):
-                _curve(ax, xs, points, f"{label} AutoAttack", "autoattack_acc1", color=line.get_color(),
-                       linestyle=":")
+                _curve(ax, xs, points, f"{label} AutoAttack", "autoattack_acc1", color=line.get_color(), linestyle=":")
         radii = sorted({0, *(e for tests in table.values() for e in tests.get(ADVERSARIAL, {}))})
         ax.set_xticks(radii, [f"{e:g}/255" if e else "0" for e in radii])
         ax.set(xlabel="L-inf radius eps of a [0, 1] image (0 = clean)")

@@ -8,6 +8,7 @@
 Items are (image (3, H, W) float32 in [0, 1], label int), what ``corrupt`` takes and the sweep's
 loaders yield. ``released_dataset`` picks the layout a root folder holds.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -31,21 +32,26 @@ def _check(corruption: str, severity: int) -> None:
     if corruption not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corruption!r}; choose one of {list_corruptions()}")
     if not isinstance(severity, numbers.Integral) or isinstance(severity, bool) or severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {list(SEVERITIES)} (the released files hold no clean level), "
-                         f"got {severity!r}")
+        raise ValueError(
+            f"severity must be one of {list(SEVERITIES)} (the released files hold no clean level), got {severity!r}"
+        )
 
 
 def layout(root: Path) -> str:
-    """"cifar" (npy files), "imagenet" (folders) or a FileNotFoundError that says what was expected."""
+    """ "cifar" (npy files), "imagenet" (folders) or a FileNotFoundError that says what was expected."""
     if not root.is_dir():
-        raise FileNotFoundError(f"robustness.root {root} is not a folder; pass the folder of CIFAR-10-C / CIFAR-100-C "
-                                "(<corruption>.npy, labels.npy) or of ImageNet-C (<corruption>/<severity>/)")
+        raise FileNotFoundError(
+            f"robustness.root {root} is not a folder; pass the folder of CIFAR-10-C / CIFAR-100-C "
+            "(<corruption>.npy, labels.npy) or of ImageNet-C (<corruption>/<severity>/)"
+        )
     if (root / "labels.npy").is_file():
         return "cifar"
     if any((root / name).is_dir() for name in CORRUPTIONS):
         return "imagenet"
-    raise FileNotFoundError(f"{root} holds neither labels.npy (CIFAR-10-C / CIFAR-100-C) nor a <corruption>/ "
-                            f"folder (ImageNet-C) named after one of {list_corruptions()}")
+    raise FileNotFoundError(
+        f"{root} holds neither labels.npy (CIFAR-10-C / CIFAR-100-C) nor a <corruption>/ "
+        f"folder (ImageNet-C) named after one of {list_corruptions()}"
+    )
 
 
 def released_corruptions(root: str | Path) -> list[str]:
@@ -69,8 +75,10 @@ class CifarC(Dataset):
         images = np.load(path, mmap_mode="r")
         labels = np.load(root / "labels.npy", mmap_mode="r")
         if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8 or len(images) % 5:
-            raise ValueError(f"{path} holds {images.dtype} {images.shape}; the released files are uint8 "
-                             "(5 x N, H, W, 3), severities 1-5 one after the other")
+            raise ValueError(
+                f"{path} holds {images.dtype} {images.shape}; the released files are uint8 "
+                "(5 x N, H, W, 3), severities 1-5 one after the other"
+            )
         if len(labels) != len(images):
             raise ValueError(f"{root / 'labels.npy'} has {len(labels)} labels for the {len(images)} images of {path}")
         per = len(images) // 5
@@ -99,8 +107,9 @@ class ImageNetC(Dataset):
         if unknown:
             raise ValueError(f"{folder} has class folders not in the given classes: {unknown[:5]}")
         index = {c: i for i, c in enumerate(self.classes)}
-        self.samples = [(f, index[c]) for c in present for f in sorted((folder / c).iterdir())
-                        if f.suffix.lower() in IMAGE_SUFFIXES]
+        self.samples = [
+            (f, index[c]) for c in present for f in sorted((folder / c).iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES
+        ]
         if not self.samples:
             raise FileNotFoundError(f"{folder} holds no images (<class>/*.JPEG)")
 
@@ -116,8 +125,9 @@ class ImageNetC(Dataset):
         return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255, label
 
 
-def released_dataset(root: str | Path, corruption: str, severity: int,
-                     classes: Optional[Sequence[str]] = None) -> Dataset:
+def released_dataset(
+    root: str | Path, corruption: str, severity: int, classes: Optional[Sequence[str]] = None
+) -> Dataset:
     """The released images of ``corruption`` at ``severity`` under ``root``, in whichever layout it holds
     (``classes``: ImageNet-C's class order, default sorted)."""
     if layout(Path(root)) == "cifar":

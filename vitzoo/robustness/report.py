@@ -5,6 +5,7 @@ A record is one pass of one checkpoint: ``{"checkpoint", "test", "level", "acc1"
 ``resolution`` (level = image size in pixels) or ``pgd_linf`` (level = eps in grey levels of 255; ``acc1`` under
 PGD, ``fgsm_acc1``, and ``autoattack_acc1`` when robustness.attack=autoattack ran).
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,8 +23,18 @@ from .sweep import ADVERSARIAL, CLEAN, LOGIT_NOISE, RESOLUTION
 
 __all__ = ["summarize", "write_results", "log_tensorboard", "by_checkpoint", "RECORD_FIELDS"]
 
-RECORD_FIELDS = ("checkpoint", "test", "level", "acc1", "acc5", "loss", "num_images", "entropy", "fgsm_acc1",
-                 "autoattack_acc1")
+RECORD_FIELDS = (
+    "checkpoint",
+    "test",
+    "level",
+    "acc1",
+    "acc5",
+    "loss",
+    "num_images",
+    "entropy",
+    "fgsm_acc1",
+    "autoattack_acc1",
+)
 
 
 def by_checkpoint(records: Sequence[dict]) -> Dict[str, Dict[str, Dict[float, dict]]]:
@@ -38,8 +49,9 @@ def _ratio(num: float, den: float) -> Optional[float]:
     return num / den if den > 0 else None
 
 
-def summarize(records: Sequence[dict], baseline: Optional[str] = None,
-              protocols: Optional[Dict[str, str]] = None) -> Dict[str, Dict[str, Any]]:
+def summarize(
+    records: Sequence[dict], baseline: Optional[str] = None, protocols: Optional[Dict[str, str]] = None
+) -> Dict[str, Dict[str, Any]]:
     """Per checkpoint: clean accuracy, accuracy per corruption (mean over severities), the mean corrupted
     accuracy and its relative drop from clean, accuracy per logit sigma and per resolution; ``corruptions``
     names what the corruption means are over and ``over`` how that relates to the 15 ("the 15", "6 of 15 + 2
@@ -89,7 +101,7 @@ def summarize(records: Sequence[dict], baseline: Optional[str] = None,
 
 
 def _attack_check(clean: float, levels: Dict[float, dict]) -> str:
-    """"ok", or which guard a silently broken attack failed: an accuracy under attack above clean, PGD above FGSM
+    """ "ok", or which guard a silently broken attack failed: an accuracy under attack above clean, PGD above FGSM
     or AutoAttack above PGD at the same eps (one image of slack for the random starts)."""
     for eps, r in sorted(levels.items()):
         slack = 1 / r["num_images"]

@@ -2,6 +2,7 @@
 :func:`vitzoo.robustness.evaluate` (which writes ``metrics.json``, ``robustness.json`` / ``.csv``, PNG plots and
 TensorBoard scalars into the run directory and logs the results table and the paths of those files).
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,8 +30,10 @@ def checkpoint_entries(spec: Any) -> List[Entry]:
     if OmegaConf.is_config(spec):
         spec = OmegaConf.to_container(spec, resolve=True)
     if not spec:
-        raise ValueError("no checkpoint given; run eval.py ckpt_path=<run dir>/checkpoints/last.ckpt "
-                         "(or ckpt_path=[a.ckpt,b.ckpt], or 'ckpt_path={softmax: a.ckpt, linear: b.ckpt}')")
+        raise ValueError(
+            "no checkpoint given; run eval.py ckpt_path=<run dir>/checkpoints/last.ckpt "
+            "(or ckpt_path=[a.ckpt,b.ckpt], or 'ckpt_path={softmax: a.ckpt, linear: b.ckpt}')"
+        )
     if isinstance(spec, Mapping):
         return [(str(k), os.fspath(v)) for k, v in spec.items()]
     paths = [os.fspath(spec)] if isinstance(spec, (str, os.PathLike)) else [os.fspath(p) for p in spec]
@@ -48,8 +51,10 @@ def _with_baseline(entries: List[Entry], baseline: Optional[str]) -> Tuple[List[
             return entries, i
     if not os.path.isfile(baseline):
         labels = [lb for lb, _ in entries if lb is not None]
-        raise ValueError(f"robustness.baseline={baseline!r} is neither a checkpoint label {labels} nor an "
-                         f"existing .ckpt file; name one of the evaluated checkpoints or a checkpoint path")
+        raise ValueError(
+            f"robustness.baseline={baseline!r} is neither a checkpoint label {labels} nor an "
+            f"existing .ckpt file; name one of the evaluated checkpoints or a checkpoint path"
+        )
     return [*entries, ("baseline", baseline)], len(entries)
 
 
@@ -65,8 +70,13 @@ def _warn_if_trained_on_other_data(path: str, data: DictConfig) -> None:
     record = run_record(path, "config.yaml")
     trained = OmegaConf.load(record).get("data") if record is not None else None
     if trained is not None and _data_identity(trained) != _data_identity(data):
-        log.warning("%s was trained on %s but is evaluated on %s: pass the data=... (and data.root) it was "
-                    "trained with to evaluate it on its own data", path, _data_identity(trained), _data_identity(data))
+        log.warning(
+            "%s was trained on %s but is evaluated on %s: pass the data=... (and data.root) it was "
+            "trained with to evaluate it on its own data",
+            path,
+            _data_identity(trained),
+            _data_identity(data),
+        )
 
 
 def _check_img_size(img_size: Optional[int], entries: List[Entry]) -> None:
@@ -76,25 +86,43 @@ def _check_img_size(img_size: Optional[int], entries: List[Entry]) -> None:
     sizes = [(read_checkpoint(path).get("hyper_parameters") or {}).get("img_size") for _, path in entries]
     other = [f"{path} ({size} px)" for (_, path), size in zip(entries, sizes) if size != img_size]
     if other:
-        raise ValueError(f"data.img_size={img_size}, but each checkpoint is evaluated at the size it was trained at: "
-                         f"{', '.join(other)}; drop data.img_size, and measure other sizes with "
-                         f"robustness.resolutions=[1.5,2.0] (factors of the training size)")
+        raise ValueError(
+            f"data.img_size={img_size}, but each checkpoint is evaluated at the size it was trained at: "
+            f"{', '.join(other)}; drop data.img_size, and measure other sizes with "
+            f"robustness.resolutions=[1.5,2.0] (factors of the training size)"
+        )
 
 
 def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
     rob = cfg.robustness
-    options = {f.name: OmegaConf.to_object(rob[f.name]) if OmegaConf.is_config(rob[f.name]) else rob[f.name]
-               for f in fields(Sweep)}
+    options = {
+        f.name: OmegaConf.to_object(rob[f.name]) if OmegaConf.is_config(rob[f.name]) else rob[f.name]
+        for f in fields(Sweep)
+    }
     Sweep(**options)  # its one-line errors before any checkpoint is read
     entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), rob.get("baseline"))
     _check_img_size(cfg.data.get("img_size"), entries)
     for _, path in entries:
         _warn_if_trained_on_other_data(path, cfg.data)
     data = functools.partial(instantiate_config, cfg.data)
-    result = evaluate(entries, data, baseline=base_index,
-                      max_images=rob.get("max_images"), device=cfg.device, source=rob.source, root=rob.root,
-                      out_dir=cfg.paths.output_dir, plots=rob.get("plots", True),
-                      tensorboard=rob.get("tensorboard", True), progress=rob.get("progress", True), **options)
-    return {"summary": result.summary, "records": result.records, "metrics": result.metrics,
-            "checkpoints": result.checkpoints}
+    result = evaluate(
+        entries,
+        data,
+        baseline=base_index,
+        max_images=rob.get("max_images"),
+        device=cfg.device,
+        source=rob.source,
+        root=rob.root,
+        out_dir=cfg.paths.output_dir,
+        plots=rob.get("plots", True),
+        tensorboard=rob.get("tensorboard", True),
+        progress=rob.get("progress", True),
+        **options,
+    )
+    return {
+        "summary": result.summary,
+        "records": result.records,
+        "metrics": result.metrics,
+        "checkpoints": result.checkpoints,
+    }

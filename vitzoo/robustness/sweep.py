@@ -7,6 +7,7 @@ just before the forward pass. Clean and resolution passes also report the attent
 (mean over layers of H / log n) on the first ``ENTROPY_IMAGES`` images, which is what the log-n
 scale is meant to hold steady across resolutions.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,18 @@ from .adversarial import ATTACKS, adversarial_accuracy
 from .attention_noise import attention_noise
 from .corruptions import PROTOCOLS, corrupt, list_corruptions
 
-__all__ = ["Sweep", "Pass", "sweep_passes", "run_pass", "resolution_size", "patch_multiple",
-           "CLEAN", "LOGIT_NOISE", "RESOLUTION", "ADVERSARIAL"]
+__all__ = [
+    "Sweep",
+    "Pass",
+    "sweep_passes",
+    "run_pass",
+    "resolution_size",
+    "patch_multiple",
+    "CLEAN",
+    "LOGIT_NOISE",
+    "RESOLUTION",
+    "ADVERSARIAL",
+]
 
 CLEAN, LOGIT_NOISE, RESOLUTION, ADVERSARIAL = "clean", "logit_noise", "resolution", "pgd_linf"
 ENTROPY_IMAGES = 32
@@ -61,25 +72,35 @@ class Sweep:
             raise ValueError(f"unknown corruption(s) {unknown}; choose from {valid}")
         bad = [s for s in self.severities if not isinstance(s, numbers.Integral) or not 1 <= s <= 5]
         if bad:
-            raise ValueError(f"robustness.severities {bad} out of range; severities are 1..5 "
-                             f"(clean is always measured)")
+            raise ValueError(
+                f"robustness.severities {bad} out of range; severities are 1..5 (clean is always measured)"
+            )
         if self.protocol is not None and self.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {self.protocol!r}; choose one of {list(PROTOCOLS)} "
-                             f"or null (by image size)")
+            raise ValueError(
+                f"unknown protocol {self.protocol!r}; choose one of {list(PROTOCOLS)} or null (by image size)"
+            )
         if any(s < 0 for s in self.logit_noise):
             raise ValueError(f"robustness.logit_noise {list(self.logit_noise)} holds a negative sigma; use values >= 0")
         if any(e <= 0 for e in self.adversarial):
-            raise ValueError(f"robustness.adversarial {list(self.adversarial)} must be positive L-inf radii in grey "
-                             f"levels of 255, e.g. [1, 2, 4, 8]")
+            raise ValueError(
+                f"robustness.adversarial {list(self.adversarial)} must be positive L-inf radii in grey "
+                f"levels of 255, e.g. [1, 2, 4, 8]"
+            )
         if self.attack not in ATTACKS:
-            raise ValueError(f"robustness.attack={self.attack!r}; choose pgd (PGD-10 and FGSM) or autoattack (adds "
-                             f"AutoAttack's standard set, far slower)")
+            raise ValueError(
+                f"robustness.attack={self.attack!r}; choose pgd (PGD-10 and FGSM) or autoattack (adds "
+                f"AutoAttack's standard set, far slower)"
+            )
         if self.attack != "pgd" and not self.adversarial:
-            raise ValueError(f"robustness.attack={self.attack} attacks at the radii of robustness.adversarial, which "
-                             f"is empty; add e.g. robustness.adversarial=[8]")
+            raise ValueError(
+                f"robustness.attack={self.attack} attacks at the radii of robustness.adversarial, which "
+                f"is empty; add e.g. robustness.adversarial=[8]"
+            )
         if any(r <= 0 for r in self.resolutions):
-            raise ValueError(f"robustness.resolutions {list(self.resolutions)} must be positive factors of the "
-                             f"training size, e.g. [1.5, 2.0]")
+            raise ValueError(
+                f"robustness.resolutions {list(self.resolutions)} must be positive factors of the "
+                f"training size, e.g. [1.5, 2.0]"
+            )
 
 
 @dataclass(frozen=True)
@@ -120,9 +141,17 @@ def _normaliser(mean: Sequence[float], std: Sequence[float], device) -> Callable
     return lambda x: (x - m) / s
 
 
-def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Sequence[float], std: Sequence[float],
-             loader_at: Callable[[int], Iterable], device: torch.device,
-             released: Optional[Callable[[str, int], Iterable]] = None) -> Dict[str, float]:
+def run_pass(
+    model: nn.Module,
+    step: Pass,
+    sweep: Sweep,
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    loader_at: Callable[[int], Iterable],
+    device: torch.device,
+    released: Optional[Callable[[str, int], Iterable]] = None,
+) -> Dict[str, float]:
     """Evaluate ``model`` (in eval mode) for one pass; returns the ``evaluate`` metrics plus the ``level``.
 
     ``loader_at(size)`` yields (images in [0, 1] at ``size`` x ``size``, labels). A resolution pass
@@ -131,8 +160,12 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
     corrupting the val split.
     """
     if step.test == ADVERSARIAL:  # PGD at eps = level / 255 on the val split, FGSM (and AutoAttack) beside it
-        return {**adversarial_accuracy(model, loader_at(img_size), mean, std, step.level / 255, device, sweep.seed,
-                                       sweep.attack), "level": step.level}
+        return {
+            **adversarial_accuracy(
+                model, loader_at(img_size), mean, std, step.level / 255, device, sweep.seed, sweep.attack
+            ),
+            "level": step.level,
+        }
     normalise = _normaliser(mean, std, device)
     size, preprocess, noise, source = img_size, normalise, 0.0, None
     level = step.level
@@ -147,6 +180,7 @@ def run_pass(model: nn.Module, step: Pass, sweep: Sweep, img_size: int, mean: Se
 
         def preprocess(x: torch.Tensor) -> torch.Tensor:
             return normalise(corrupt(x, step.test, int(step.level), sweep.protocol, generator=generator))
+
     # A DataLoader draws its base seed from the global RNG at iter(): seed after it, so the logit noise draws
     # are the same for any loader.
     batches = iter(source if source is not None else loader_at(size))

@@ -1,5 +1,6 @@
 """Semantic segmentation over an exported backbone: folder data, decoder, LightningModule, sliding-window
 inference, scores and a shapes demo (``python -m vitzoo.segmentation.thin`` writes a thin-structure set)."""
+
 from .data import SegmentationDataModule, SegmentationFolder
 from .decoder import MLPDecoder
 from .files import Sample, find_samples, pair_samples
@@ -11,7 +12,23 @@ from .module import SegmentationModule
 from .scores import format_scores, segmentation_scores
 from .shapes import SHAPE_CLASSES, ShapesDataModule, make_shapes_dataset
 
-__all__ = ["SegmentationModule", "SegmentationNet", "MLPDecoder", "create_backbone", "SegmentationDataModule",
-           "SegmentationFolder", "Sample", "find_samples", "pair_samples", "LabelMap", "sliding_window_probs",
-           "segmentation_scores", "format_scores", "ShapesDataModule", "SHAPE_CLASSES", "make_shapes_dataset",
-           "predict", "load_segmenter"]
+__all__ = [
+    "SegmentationModule",
+    "SegmentationNet",
+    "MLPDecoder",
+    "create_backbone",
+    "SegmentationDataModule",
+    "SegmentationFolder",
+    "Sample",
+    "find_samples",
+    "pair_samples",
+    "LabelMap",
+    "sliding_window_probs",
+    "segmentation_scores",
+    "format_scores",
+    "ShapesDataModule",
+    "SHAPE_CLASSES",
+    "make_shapes_dataset",
+    "predict",
+    "load_segmenter",
+]

@@ -10,6 +10,7 @@ validation and the rest train (24 images, 0.2: 5 held out, 19 train). Masks go t
 Train batches: random rescale (``rescale``) + crop to ``img_size`` + horizontal flip, ``(images in [0, 1]
 (B, in_chans, S, S), masks (B, S, S) long)``. Val / test: one image at its native size per batch.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,9 @@ log = logging.getLogger(__name__)
 class SegmentationFolder(Dataset):
     """``samples`` as ``(image (in_chans, H, W) float in [0, 1], mask (H, W) long class indices)``."""
 
-    def __init__(self, samples: Sequence[Sample], labels: LabelMap, in_chans: int = 3,
-                 transform: Optional[A.Compose] = None):
+    def __init__(
+        self, samples: Sequence[Sample], labels: LabelMap, in_chans: int = 3, transform: Optional[A.Compose] = None
+    ):
         if in_chans not in (1, 3):
             raise ValueError(f"data.in_chans={in_chans}; use 3 (RGB, grayscale replicated) or 1 (grayscale)")
         self.samples, self.labels, self.in_chans, self.transform = list(samples), labels, in_chans, transform
@@ -56,8 +58,10 @@ class SegmentationFolder(Dataset):
         sample = self.samples[index]
         image, mask = read_image(sample, self.in_chans), self.mask(index)
         if mask.shape != image.shape[:2]:
-            raise ValueError(f"{sample.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {sample.image.name} "
-                             f"is {image.shape[1]}x{image.shape[0]}; masks must match their image's size")
+            raise ValueError(
+                f"{sample.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {sample.image.name} "
+                f"is {image.shape[1]}x{image.shape[0]}; masks must match their image's size"
+            )
         if self.transform is not None:
             out = self.transform(image=image, mask=mask)
             image, mask = out["image"], out["mask"]
@@ -73,13 +77,27 @@ class SegmentationDataModule(L.LightningDataModule):
     are checked and the class histogram of the training masks is logged (kept in ``class_pixels``).
     """
 
-    def __init__(self, root: str, num_classes: int, class_names: Optional[Sequence[str]] = None,
-                 img_size: Union[int, Sequence[int]] = 256, batch_size: int = 8,
-                 num_workers: Union[int, str] = "auto", val_fraction: float = 0.2,
-                 rescale: Sequence[float] = (0.75, 1.5), ignore_index: int = 255,
-                 mask_values: Optional[Mapping[int, int]] = None, binary_threshold: Optional[float] = None,
-                 images: Optional[str] = None, masks: Optional[str] = None, mask_suffix: str = "",
-                 unpaired: str = "error", in_chans: int = 3, repeats: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        root: str,
+        num_classes: int,
+        class_names: Optional[Sequence[str]] = None,
+        img_size: Union[int, Sequence[int]] = 256,
+        batch_size: int = 8,
+        num_workers: Union[int, str] = "auto",
+        val_fraction: float = 0.2,
+        rescale: Sequence[float] = (0.75, 1.5),
+        ignore_index: int = 255,
+        mask_values: Optional[Mapping[int, int]] = None,
+        binary_threshold: Optional[float] = None,
+        images: Optional[str] = None,
+        masks: Optional[str] = None,
+        mask_suffix: str = "",
+        unpaired: str = "error",
+        in_chans: int = 3,
+        repeats: int = 1,
+        seed: int = 0,
+    ):
         super().__init__()
         self.save_hyperparameters()
         if not 0 < val_fraction < 1:
@@ -102,12 +120,14 @@ class SegmentationDataModule(L.LightningDataModule):
     def train_transform(self) -> A.Compose:
         h, w = (int(s) for s in self.img_size)
         low, high = self.rescale
-        return A.Compose([
-            A.RandomScale(scale_limit=(low - 1, high - 1), p=1.0),
-            A.PadIfNeeded(h, w, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=self.ignore_index),
-            A.RandomCrop(h, w),
-            A.HorizontalFlip(p=0.5),
-        ])
+        return A.Compose(
+            [
+                A.RandomScale(scale_limit=(low - 1, high - 1), p=1.0),
+                A.PadIfNeeded(h, w, border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=self.ignore_index),
+                A.RandomCrop(h, w),
+                A.HorizontalFlip(p=0.5),
+            ]
+        )
 
     def _splits(self) -> Tuple[List[Sample], List[Sample], str]:
         """(training samples, validation samples, how they were split: for the log)."""
@@ -119,10 +139,14 @@ class SegmentationDataModule(L.LightningDataModule):
         order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(self.seed)).tolist()
         num_val = max(1, round(self.val_fraction * len(order)))
         if num_val >= len(order):
-            raise ValueError(f"{self.root} has {len(order)} images, too few to hold out data.val_fraction="
-                             f"{self.val_fraction}; add images or provide train/ and val/ folders")
-        split = (f"{len(order)} images in {self.root}: {num_val} held out for validation (data.val_fraction="
-                 f"{self.val_fraction}, seed {self.seed}), {len(order) - num_val} training")
+            raise ValueError(
+                f"{self.root} has {len(order)} images, too few to hold out data.val_fraction="
+                f"{self.val_fraction}; add images or provide train/ and val/ folders"
+            )
+        split = (
+            f"{len(order)} images in {self.root}: {num_val} held out for validation (data.val_fraction="
+            f"{self.val_fraction}, seed {self.seed}), {len(order) - num_val} training"
+        )
         return [samples[i] for i in order[num_val:]], [samples[i] for i in order[:num_val]], split
 
     def setup(self, stage: Optional[str] = None) -> None:
@@ -135,8 +159,7 @@ class SegmentationDataModule(L.LightningDataModule):
             masks = (folder.mask(i) for i in range(len(folder)))
             self.class_pixels[part] = class_histogram(masks, self.num_classes, self.ignore_index)
         check_histogram(self.class_pixels["train"], self.class_pixels["val"], self.labels)
-        log.info("%s; training mask pixels: %s", split,
-                 format_histogram(self.class_pixels["train"], self.class_names))
+        log.info("%s; training mask pixels: %s", split, format_histogram(self.class_pixels["train"], self.class_names))
         self._report_grayscale(train_samples + val_samples)
         self.train_dataset = Subset(train, list(range(len(train))) * self.repeats)
         self.val_dataset = val
@@ -144,12 +167,22 @@ class SegmentationDataModule(L.LightningDataModule):
     def _report_grayscale(self, samples: Sequence[Sample]) -> None:
         gray = sum(image_mode(s) in GRAY_MODES for s in samples)
         if gray and self.in_chans == 3:
-            log.info("%d of %d images are grayscale: replicated to 3 channels and normalised with the backbone's "
-                     "RGB mean/std (data.in_chans=1 sums the patch embedding's channels instead)", gray, len(samples))
+            log.info(
+                "%d of %d images are grayscale: replicated to 3 channels and normalised with the backbone's "
+                "RGB mean/std (data.in_chans=1 sums the patch embedding's channels instead)",
+                gray,
+                len(samples),
+            )
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
-        return DataLoader(dataset, self.batch_size if train else 1, shuffle=train, num_workers=self.num_workers,
-                          drop_last=train and len(dataset) > self.batch_size, persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            dataset,
+            self.batch_size if train else 1,
+            shuffle=train,
+            num_workers=self.num_workers,
+            drop_last=train and len(dataset) > self.batch_size,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, True)

@@ -1,4 +1,5 @@
 """A light decoder over multi-level NCHW features: SegFormer's all-MLP head."""
+
 from __future__ import annotations
 
 from typing import List, Sequence
@@ -31,6 +32,8 @@ class MLPDecoder(nn.Module):
     def forward(self, features: List[torch.Tensor]) -> torch.Tensor:
         size = max((f.shape[-2:] for f in features), key=lambda s: s[0] * s[1])
         levels = [proj(f) for proj, f in zip(self.proj, features)]
-        levels = [x if x.shape[-2:] == size else F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-                  for x in levels]
+        levels = [
+            x if x.shape[-2:] == size else F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+            for x in levels
+        ]
         return self.classifier(self.dropout(self.fuse(torch.cat(levels, dim=1))))

@@ -1,4 +1,5 @@
 """Reading images (to float [0, 1], 1 or 3 channels) and masks (raw integer values) of a ``Sample``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,8 +36,10 @@ def _unit(array: np.ndarray, path: Path) -> np.ndarray:
         return array.astype(np.float32) / 65535
     if array.dtype.kind == "f" and 0 <= array.min() and array.max() <= 1:
         return array.astype(np.float32)
-    raise ValueError(f"{path} holds {array.dtype} values in [{array.min()}, {array.max()}]; save images as 8- or "
-                     f"16-bit (or float in [0, 1])")
+    raise ValueError(
+        f"{path} holds {array.dtype} values in [{array.min()}, {array.max()}]; save images as 8- or "
+        f"16-bit (or float in [0, 1])"
+    )
 
 
 def read_image(sample: Sample, in_chans: int) -> np.ndarray:
@@ -48,8 +51,10 @@ def read_image(sample: Sample, in_chans: int) -> np.ndarray:
             array = _unit(np.asarray(gray), sample.image)[..., None]
             return np.repeat(array, 3, axis=2) if in_chans == 3 else array
         if in_chans == 1:
-            raise ValueError(f"{sample.image} is a colour image (mode {image.mode}) but data.in_chans=1; set "
-                             f"data.in_chans=3, or convert the images to grayscale first")
+            raise ValueError(
+                f"{sample.image} is a colour image (mode {image.mode}) but data.in_chans=1; set "
+                f"data.in_chans=3, or convert the images to grayscale first"
+            )
         return _unit(np.asarray(image.convert("RGB")), sample.image)
 
 
@@ -58,8 +63,10 @@ def read_mask(sample: Sample) -> np.ndarray:
     path = sample.mask
     with _open(path, sample.frame) as mask:
         if mask.mode not in _MASK_MODES:
-            raise ValueError(f"{path} has mode {mask.mode}; masks must be single-channel images holding one "
-                             f"value per class (mode L, P or 16-bit), not colours")
+            raise ValueError(
+                f"{path} has mode {mask.mode}; masks must be single-channel images holding one "
+                f"value per class (mode L, P or 16-bit), not colours"
+            )
         return np.asarray(mask).astype(np.int64)
 
 

@@ -1,6 +1,7 @@
 """Segmentation losses by name (``module.loss``): torch's cross-entropy and segmentation_models_pytorch's Dice,
 Focal and Lovász losses, with optional class weights (``module.class_weights``: a list, or ``balanced`` =
 inverse pixel frequency of the training masks)."""
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -29,17 +30,23 @@ def check_class_weights(class_weights, num_classes: int, loss: str) -> None:
     if class_weights is None:
         return
     if loss == "lovasz":
-        raise ValueError("module.loss=lovasz takes no class weights (smp's LovaszLoss has none); drop "
-                         "module.class_weights or pick module.loss=ce|dice|focal|ce+dice")
+        raise ValueError(
+            "module.loss=lovasz takes no class weights (smp's LovaszLoss has none); drop "
+            "module.class_weights or pick module.loss=ce|dice|focal|ce+dice"
+        )
     if isinstance(class_weights, str):
         if class_weights != "balanced":
-            raise ValueError(f"module.class_weights={class_weights!r}; use balanced (inverse pixel frequency of the "
-                             f"training masks), a list of {num_classes} weights, or null")
+            raise ValueError(
+                f"module.class_weights={class_weights!r}; use balanced (inverse pixel frequency of the "
+                f"training masks), a list of {num_classes} weights, or null"
+            )
         return
     weights = list(class_weights)
     if len(weights) != num_classes or any(float(w) < 0 for w in weights):
-        raise ValueError(f"module.class_weights={weights} needs {num_classes} non-negative weights, one per class "
-                         f"index (class 0 first), or balanced")
+        raise ValueError(
+            f"module.class_weights={weights} needs {num_classes} non-negative weights, one per class "
+            f"index (class 0 first), or balanced"
+        )
 
 
 class SegmentationLoss(nn.Module):
@@ -49,8 +56,13 @@ class SegmentationLoss(nn.Module):
     ``lovasz``: smp's multiclass losses (a weighted mean of the per-class terms); ``ce+dice``: their sum.
     """
 
-    def __init__(self, loss: str = "ce", num_classes: int = 2, ignore_index: int = 255,
-                 class_weights: Optional[Sequence[float]] = None):
+    def __init__(
+        self,
+        loss: str = "ce",
+        num_classes: int = 2,
+        ignore_index: int = 255,
+        class_weights: Optional[Sequence[float]] = None,
+    ):
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"module.loss={loss!r}; choose one of {'|'.join(LOSSES)}")

@@ -1,5 +1,6 @@
 """Segmentation network: a ``features_only`` backbone (an export, or a zoo architecture), an optional neck
 (``simple_fpn``: ViTDet's pyramid for a plain ViT) and ``MLPDecoder``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,25 +22,33 @@ __all__ = ["SegmentationNet", "create_backbone"]
 _LOCAL = "local-dir:"
 
 
-def create_backbone(backbone: str, attention: Optional[AttentionSpec] = None,
-                    out_indices: Optional[Sequence[int]] = None,
-                    model_kwargs: Optional[Mapping[str, Any]] = None, in_chans: int = 3) -> nn.Module:
+def create_backbone(
+    backbone: str,
+    attention: Optional[AttentionSpec] = None,
+    out_indices: Optional[Sequence[int]] = None,
+    model_kwargs: Optional[Mapping[str, Any]] = None,
+    in_chans: int = 3,
+) -> nn.Module:
     """A ``features_only`` backbone: an export dir (path or ``local-dir:<path>``, its weights loaded,
     its attention fixed) or a name from ``vitzoo.list_models()`` (random init, ``attention`` applies).
     ``in_chans=1`` on a 3-channel export sums its first conv over the channels (timm's ``adapt_input_conv``)."""
     kwargs = dict(model_kwargs or {}, features_only=True, in_chans=in_chans)
     if out_indices is not None:
         kwargs["out_indices"] = tuple(out_indices)
-    path = backbone[len(_LOCAL):] if backbone.startswith(_LOCAL) else backbone
+    path = backbone[len(_LOCAL) :] if backbone.startswith(_LOCAL) else backbone
     if Path(path).is_dir():
         if attention is not None:
-            raise ValueError(f"backbone {backbone!r} is an export whose attention is fixed by its config.json; "
-                             f"drop the attention option")
+            raise ValueError(
+                f"backbone {backbone!r} is an export whose attention is fixed by its config.json; "
+                f"drop the attention option"
+            )
         return load_exported(path, **kwargs)
     if backbone in vitzoo.list_models():
         return vitzoo.create_model(backbone, attention=attention or "softmax", **kwargs)
-    raise ValueError(f"backbone {backbone!r} is neither an export directory nor an architecture; pass the "
-                     f"directory written by `python -m vitzoo.export` or one of {vitzoo.list_models()}")
+    raise ValueError(
+        f"backbone {backbone!r} is neither an export directory nor an architecture; pass the "
+        f"directory written by `python -m vitzoo.export` or one of {vitzoo.list_models()}"
+    )
 
 
 def _first_conv(backbone: nn.Module) -> nn.Conv2d:
@@ -65,8 +74,14 @@ class SegmentationNet(nn.Module):
     last map instead of the backbone's levels; a backbone with a pyramid of its own refuses it.
     """
 
-    def __init__(self, backbone: nn.Module, num_classes: int, channels: int = 128, dropout: float = 0.1,
-                 neck: Optional[str] = None):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        channels: int = 128,
+        dropout: float = 0.1,
+        neck: Optional[str] = None,
+    ):
         super().__init__()
         self.backbone = backbone
         reductions = backbone.feature_info.reduction()
@@ -83,8 +98,10 @@ class SegmentationNet(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         H, W = images.shape[-2:]
         if H % self.stride or W % self.stride:
-            raise ValueError(f"input {H}x{W} is not divisible by the backbone stride {self.stride}; "
-                             f"resize or crop to a multiple of {self.stride} (data.img_size)")
+            raise ValueError(
+                f"input {H}x{W} is not divisible by the backbone stride {self.stride}; "
+                f"resize or crop to a multiple of {self.stride} (data.img_size)"
+            )
         features = self.backbone((images - self.mean) / self.std)
         logits = self.decoder(self.neck(features) if self.neck is not None else features)
         return F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)

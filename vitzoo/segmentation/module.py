@@ -1,4 +1,5 @@
 """LightningModule: fine-tune a backbone (usually an export) with ``MLPDecoder`` for semantic segmentation."""
+
 from __future__ import annotations
 
 import logging
@@ -43,14 +44,30 @@ class SegmentationModule(L.LightningModule):
     validation's scores as one line (``format_scores``).
     """
 
-    def __init__(self, backbone: str, num_classes: int, class_names: Optional[Sequence[str]] = None,
-                 attention: Optional[AttentionSpec] = None,
-                 model_kwargs: Optional[Mapping[str, Any]] = None, out_indices: Optional[Sequence[int]] = None,
-                 decoder_channels: int = 128, dropout: float = 0.1, lr: float = 1e-3, backbone_lr_ratio: float = 0.1,
-                 weight_decay: float = 0.01, warmup_epochs: float = 1.0, min_lr_ratio: float = 0.01,
-                 ignore_index: int = 255, in_chans: int = 3, window: Optional[Union[int, Sequence[int]]] = None,
-                 overlap: float = 0.25, flip: bool = False, loss: str = "ce",
-                 class_weights: Optional[Union[str, Sequence[float]]] = None, neck: Optional[str] = None):
+    def __init__(
+        self,
+        backbone: str,
+        num_classes: int,
+        class_names: Optional[Sequence[str]] = None,
+        attention: Optional[AttentionSpec] = None,
+        model_kwargs: Optional[Mapping[str, Any]] = None,
+        out_indices: Optional[Sequence[int]] = None,
+        decoder_channels: int = 128,
+        dropout: float = 0.1,
+        lr: float = 1e-3,
+        backbone_lr_ratio: float = 0.1,
+        weight_decay: float = 0.01,
+        warmup_epochs: float = 1.0,
+        min_lr_ratio: float = 0.01,
+        ignore_index: int = 255,
+        in_chans: int = 3,
+        window: Optional[Union[int, Sequence[int]]] = None,
+        overlap: float = 0.25,
+        flip: bool = False,
+        loss: str = "ce",
+        class_weights: Optional[Union[str, Sequence[float]]] = None,
+        neck: Optional[str] = None,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.class_names = check_class_names(class_names, num_classes)
@@ -59,8 +76,9 @@ class SegmentationModule(L.LightningModule):
         self.criterion = SegmentationLoss(loss, num_classes, ignore_index, None if balanced else class_weights)
         encoder = create_backbone(backbone, attention, out_indices, model_kwargs, in_chans)
         self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout, neck)
-        self.confusion = nn.ModuleDict({stage: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
-                                        for stage in ("val", "test")})
+        self.confusion = nn.ModuleDict(
+            {stage: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index) for stage in ("val", "test")}
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
@@ -78,8 +96,10 @@ class SegmentationModule(L.LightningModule):
         if hp.class_weights == "balanced":
             counts = getattr(getattr(self.trainer, "datamodule", None), "class_pixels", {}).get("train")
             if counts is None:
-                raise ValueError("module.class_weights=balanced reads the training masks' histogram from a "
-                                 "SegmentationDataModule; train with one or give a list of weights")
+                raise ValueError(
+                    "module.class_weights=balanced reads the training masks' histogram from a "
+                    "SegmentationDataModule; train with one or give a list of weights"
+                )
             values = balanced_class_weights(counts, hp.num_classes)
             self.criterion = SegmentationLoss(hp.loss, hp.num_classes, hp.ignore_index, values)
             weights = "balanced (inverse pixel frequency of the training masks): " + _named(values, self.class_names)

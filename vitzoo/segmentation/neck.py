@@ -1,4 +1,5 @@
 """ViTDet's simple feature pyramid (Li et al. 2022): four scales from a plain ViT's last, single-stride map."""
+
 from __future__ import annotations
 
 from typing import List, Sequence
@@ -20,8 +21,10 @@ def check_neck(neck, reductions: Sequence[float]) -> None:
     if neck not in NECKS:
         raise ValueError(f"module.neck={neck!r}; choose one of {'|'.join(NECKS)} or null")
     if len(set(reductions)) > 1:
-        raise ValueError(f"module.neck={neck} builds a pyramid from a plain ViT's single-stride map, but this backbone "
-                         f"has its own (strides {list(reductions)}); drop module.neck (null)")
+        raise ValueError(
+            f"module.neck={neck} builds a pyramid from a plain ViT's single-stride map, but this backbone "
+            f"has its own (strides {list(reductions)}); drop module.neck (null)"
+        )
 
 
 def _upsample(dim: int, scale: float) -> nn.Module:
@@ -50,9 +53,15 @@ class SimpleFeaturePyramid(nn.Module):
         self.scales, self.patch_stride, self.out_channels = tuple(scales), patch_stride, channels
         self.resample = nn.ModuleList(_upsample(dim, s) for s in self.scales)
         dims = [dim // int(s) if s > 1 else dim for s in self.scales]
-        self.out = nn.ModuleList(nn.Sequential(
-            nn.Conv2d(d, channels, 1, bias=False), LayerNorm2d(channels),
-            nn.Conv2d(channels, channels, 3, padding=1, bias=False), LayerNorm2d(channels)) for d in dims)
+        self.out = nn.ModuleList(
+            nn.Sequential(
+                nn.Conv2d(d, channels, 1, bias=False),
+                LayerNorm2d(channels),
+                nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+                LayerNorm2d(channels),
+            )
+            for d in dims
+        )
 
     def reduction(self) -> List[float]:
         return [self.patch_stride / s for s in self.scales]

@@ -6,6 +6,7 @@ Masks are written in the training masks' own values (``LabelMap.to_source``: 0/2
 against them (``segmentation_scores``). Throughput (images/s) and peak memory are reported and written,
 with the scores, to ``<output>/predict.json``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,10 @@ def load_segmenter(ckpt_path: str) -> Tuple[SegmentationModule, Dict[str, Any]]:
     checkpoint = read_checkpoint(ckpt_path)
     hparams = checkpoint.get("hyper_parameters") or {}
     if "backbone" not in hparams:
-        raise ValueError(f"ckpt_path={ckpt_path!r} is not a segmentation checkpoint; pass one written by "
-                         f"`python train.py --config-name segment ...` (<run dir>/checkpoints/*.ckpt)")
+        raise ValueError(
+            f"ckpt_path={ckpt_path!r} is not a segmentation checkpoint; pass one written by "
+            f"`python train.py --config-name segment ...` (<run dir>/checkpoints/*.ckpt)"
+        )
     module = SegmentationModule(**hparams)
     module.load_state_dict(checkpoint["state_dict"])
     return module.eval(), dict(checkpoint.get("datamodule_hyper_parameters") or {})
@@ -67,10 +70,18 @@ def _peak_memory_mib(device: torch.device) -> Tuple[float, str]:
 
 
 @torch.no_grad()
-def predict(ckpt_path: str, input: str, output: str, masks: Optional[str] = None,
-            window: Optional[Union[int, Sequence[int]]] = None, overlap: Optional[float] = None,
-            flip: Optional[bool] = None, probs: bool = False, batch_size: int = 8,
-            device: str = "auto") -> Dict[str, Any]:
+def predict(
+    ckpt_path: str,
+    input: str,
+    output: str,
+    masks: Optional[str] = None,
+    window: Optional[Union[int, Sequence[int]]] = None,
+    overlap: Optional[float] = None,
+    flip: Optional[bool] = None,
+    probs: bool = False,
+    batch_size: int = 8,
+    device: str = "auto",
+) -> Dict[str, Any]:
     """Segment ``input`` (a folder of images, one image or TIFF stack, or a glob) into ``output``; returns the
     summary written to ``<output>/predict.json`` (images/s, peak memory, and ``scores`` when ``masks`` is given).
 
@@ -108,9 +119,17 @@ def predict(ckpt_path: str, input: str, output: str, masks: Optional[str] = None
     seconds = time.perf_counter() - start
     memory, memory_kind = _peak_memory_mib(device)
     summary: Dict[str, Any] = {
-        "images": len(samples), "seconds": seconds, "images_per_s": len(samples) / seconds, "device": str(device),
-        "peak_memory_mib": memory, "peak_memory_kind": memory_kind, "window": window, "overlap": overlap,
-        "flip": flip, "output": str(out)}
+        "images": len(samples),
+        "seconds": seconds,
+        "images_per_s": len(samples) / seconds,
+        "device": str(device),
+        "peak_memory_mib": memory,
+        "peak_memory_kind": memory_kind,
+        "window": window,
+        "overlap": overlap,
+        "flip": flip,
+        "output": str(out),
+    }
     if masks is not None:
         summary["scores"] = segmentation_scores(confusion, module.class_names)
     write_json(out / "predict.json", summary)
@@ -119,8 +138,10 @@ def predict(ckpt_path: str, input: str, output: str, masks: Optional[str] = None
 
 def _confusion(truth: np.ndarray, classes: torch.Tensor, labels: LabelMap, sample: Sample) -> torch.Tensor:
     if truth.shape != tuple(classes.shape):
-        raise ValueError(f"{sample.mask} is {truth.shape[1]}x{truth.shape[0]} but its image {sample.image.name} is "
-                         f"{classes.shape[1]}x{classes.shape[0]}; masks must match their image's size")
+        raise ValueError(
+            f"{sample.mask} is {truth.shape[1]}x{truth.shape[0]} but its image {sample.image.name} is "
+            f"{classes.shape[1]}x{classes.shape[0]}; masks must match their image's size"
+        )
     truth = torch.from_numpy(truth)
     valid = truth != labels.ignore_index
     n = labels.num_classes

@@ -1,4 +1,5 @@
 """A generated shapes dataset (``images/`` + ``masks/``) for tests and demos of the segmentation path."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,8 +17,9 @@ SHAPE_CLASSES = ("background", "rectangle", "ellipse", "triangle")
 _COLOURS = np.array([(0, 0, 0), (200, 60, 60), (60, 190, 70), (70, 90, 210)])
 
 
-def make_shapes_dataset(root: Union[str, Path], num_images: int = 64, size: Tuple[int, int] = (48, 96),
-                        max_shapes: int = 3, seed: int = 0) -> Path:
+def make_shapes_dataset(
+    root: Union[str, Path], num_images: int = 64, size: Tuple[int, int] = (48, 96), max_shapes: int = 3, seed: int = 0
+) -> Path:
     """Write ``num_images`` noisy images of random size in ``size`` (min, max) with up to
     ``max_shapes`` rectangles / ellipses / triangles and their class masks (PNG, values 0..3)."""
     root = Path(root)
@@ -65,14 +67,22 @@ class ShapesDataModule(SegmentationDataModule):
     """The shapes dataset under ``root`` as a data module (classes named ``SHAPE_CLASSES`` unless
     ``class_names`` renames them); ``prepare_data`` writes it when missing."""
 
-    def __init__(self, root: str, num_images: int = 200, num_classes: int = len(SHAPE_CLASSES),
-                 class_names: Optional[Sequence[str]] = SHAPE_CLASSES,
-                 img_size: Union[int, Tuple[int, int]] = 64, seed: int = 0, **kwargs):
+    def __init__(
+        self,
+        root: str,
+        num_images: int = 200,
+        num_classes: int = len(SHAPE_CLASSES),
+        class_names: Optional[Sequence[str]] = SHAPE_CLASSES,
+        img_size: Union[int, Tuple[int, int]] = 64,
+        seed: int = 0,
+        **kwargs,
+    ):
         if num_classes != len(SHAPE_CLASSES):
-            raise ValueError(f"the shapes dataset has {len(SHAPE_CLASSES)} classes {SHAPE_CLASSES}; "
-                             f"set data.num_classes={len(SHAPE_CLASSES)}")
-        super().__init__(root, num_classes=num_classes, class_names=class_names, img_size=img_size, seed=seed,
-                         **kwargs)
+            raise ValueError(
+                f"the shapes dataset has {len(SHAPE_CLASSES)} classes {SHAPE_CLASSES}; "
+                f"set data.num_classes={len(SHAPE_CLASSES)}"
+            )
+        super().__init__(root, num_classes=num_classes, class_names=class_names, img_size=img_size, seed=seed, **kwargs)
         self.num_images = num_images
 
     def prepare_data(self) -> None:

@@ -8,6 +8,7 @@ carry smooth shading, grain, small dark vesicles and dark elongated "mitochondri
 the walls, which are faint in places); the image is blurred and noisy. Every image is drawn from
 ``(seed, index)``: the same arguments write the same files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ def _bisector_distance(size: int, seeds: np.ndarray) -> np.ndarray:
     for i, (y, x) in enumerate(seeds.astype(np.float32)):  # squared distances to the nearest two seeds
         d = (yy - y) ** 2 + (xx - x) ** 2
         closer, between = d < first, (d >= first) & (d < second)
-        second, next_near = np.where(closer, first, np.where(between, d, second)), \
-            np.where(closer, near, np.where(between, i, next_near))
+        second, next_near = (
+            np.where(closer, first, np.where(between, d, second)),
+            np.where(closer, near, np.where(between, i, next_near)),
+        )
         first, near = np.where(closer, d, first), np.where(closer, i, near)
     gap = np.linalg.norm(seeds[near] - seeds[next_near], axis=-1).clip(min=1e-6)
     return (second - first) / (2 * gap)
@@ -85,8 +88,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     parser.add_argument("--seed", type=int, default=0, help="the same seed writes the same images (default 0)")
     args = parser.parse_args(argv)
     root = make_thin_dataset(args.dst, args.n, args.size, args.seed)
-    print(f"{args.n} images of {args.size}x{args.size} -> {root}/image, masks (0 = wall, 255 = interior) -> "
-          f"{root}/label")
+    print(
+        f"{args.n} images of {args.size}x{args.size} -> {root}/image, masks (0 = wall, 255 = interior) -> {root}/label"
+    )
     return root
 
 

@@ -1,4 +1,5 @@
 """Lightning training: the classifier module, optimiser/schedule, callbacks, evaluation, the run."""
+
 from .callbacks import AttentionEntropy
 from .evaluate import evaluate, load_classifier, read_checkpoint, run_record
 from .module import ImageClassifier, build_model
@@ -8,8 +9,23 @@ from .progress import EpochLog, ThrottledProgressBar
 from .run import build_classifier, build_run, train
 
 __all__ = [
-    "OptimOptions", "MixupOptions", "TransferOptions",
-    "ImageClassifier", "build_model", "AttentionEntropy", "evaluate", "load_classifier", "read_checkpoint",
-    "build_optimizer", "build_scheduler", "scaled_lr", "warmup_cosine", "train", "build_classifier", "build_run",
-    "run_record", "EpochLog", "ThrottledProgressBar",
+    "OptimOptions",
+    "MixupOptions",
+    "TransferOptions",
+    "ImageClassifier",
+    "build_model",
+    "AttentionEntropy",
+    "evaluate",
+    "load_classifier",
+    "read_checkpoint",
+    "build_optimizer",
+    "build_scheduler",
+    "scaled_lr",
+    "warmup_cosine",
+    "train",
+    "build_classifier",
+    "build_run",
+    "run_record",
+    "EpochLog",
+    "ThrottledProgressBar",
 ]

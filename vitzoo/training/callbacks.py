@@ -1,4 +1,5 @@
 """Training callbacks of the zoo."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional

@@ -5,6 +5,7 @@ run's own closing line says more), timm's "Loaded  from checkpoint ..." (a backb
 and torch's pytree deprecation warning raised inside Lightning.
 Where logging is configured (train.py: console + train.log), Lightning's messages and Python warnings
 go through it, once each, so train.log holds them too."""
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,15 @@ import warnings
 
 __all__ = ["quiet_lightning"]
 
-_NOISE = ("GPU available:", "TPU available:", "HPU available:", "\U0001f4a1 Tip:",
-          "Loading `train_dataloader` to estimate", "`Trainer.fit` stopped:", "Loaded  from checkpoint")
+_NOISE = (
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "\U0001f4a1 Tip:",
+    "Loading `train_dataloader` to estimate",
+    "`Trainer.fit` stopped:",
+    "Loaded  from checkpoint",
+)
 _LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", "timm.models._helpers")
 
 

@@ -1,4 +1,5 @@
 """The LightningModule: a zoo model, AdamW + warmup/cosine, label smoothing, mixup/cutmix, top-1/top-5."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,18 +27,25 @@ log = logging.getLogger(__name__)
 
 def build_model(hparams: Mapping[str, Any]) -> nn.Module:
     """The network described by a classifier's hyperparameters (also what a checkpoint stores)."""
-    return vitzoo.create_model(hparams["arch"], attention=hparams["attention"], num_classes=hparams["num_classes"],
-                               img_size=hparams["img_size"], in_chans=hparams.get("in_chans", 3),
-                               **(hparams.get("model_kwargs") or {}))
+    return vitzoo.create_model(
+        hparams["arch"],
+        attention=hparams["attention"],
+        num_classes=hparams["num_classes"],
+        img_size=hparams["img_size"],
+        in_chans=hparams.get("in_chans", 3),
+        **(hparams.get("model_kwargs") or {}),
+    )
 
 
 def _metrics(num_classes: int) -> MetricCollection:
     # validate_args=False: torchmetrics' per-batch label check (torch.unique) is a host sync every step; labels
     # are checked once per split by the data module, and cross_entropy rejects any out of range before this.
-    return MetricCollection({
-        "acc1": MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False),
-        "acc5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro", validate_args=False),
-    })
+    return MetricCollection(
+        {
+            "acc1": MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=False),
+            "acc5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro", validate_args=False),
+        }
+    )
 
 
 class ImageClassifier(ExactResume):
@@ -54,12 +62,22 @@ class ImageClassifier(ExactResume):
     the same numbers, see the tests). Its checkpoints resume exactly (:class:`~vitzoo.training.resume.ExactResume`).
     """
 
-    def __init__(self, arch: str, attention: Union[str, Mapping[str, Any]], num_classes: int, img_size: int,
-                 in_chans: int = 3, mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
-                 model_kwargs: Optional[Mapping[str, Any]] = None,
-                 optim: Union[OptimOptions, Mapping[str, Any], None] = None, label_smoothing: float = 0.0,
-                 mixup: Union[MixupOptions, Mapping[str, Any], None] = None, compile: bool = False,
-                 channels_last: bool = False):
+    def __init__(
+        self,
+        arch: str,
+        attention: Union[str, Mapping[str, Any]],
+        num_classes: int,
+        img_size: int,
+        in_chans: int = 3,
+        mean: Sequence[float] = (0.5, 0.5, 0.5),
+        std: Sequence[float] = (0.5, 0.5, 0.5),
+        model_kwargs: Optional[Mapping[str, Any]] = None,
+        optim: Union[OptimOptions, Mapping[str, Any], None] = None,
+        label_smoothing: float = 0.0,
+        mixup: Union[MixupOptions, Mapping[str, Any], None] = None,
+        compile: bool = False,
+        channels_last: bool = False,
+    ):
         super().__init__()
         # plain dicts in the hyperparameters, so that a weights_only load reads the checkpoint
         optim = dataclasses.asdict(options_from(OptimOptions, "module.optim", optim))
@@ -108,8 +126,9 @@ class ImageClassifier(ExactResume):
     def _eval_step(self, batch, metrics: MetricCollection, stage: str) -> None:
         images, labels = batch
         logits = self(images)
-        self.log(f"{stage}/loss", F.cross_entropy(logits, labels), on_epoch=True, sync_dist=True,
-                 batch_size=len(labels))
+        self.log(
+            f"{stage}/loss", F.cross_entropy(logits, labels), on_epoch=True, sync_dist=True, batch_size=len(labels)
+        )
         metrics.update(logits, labels)
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
 
@@ -127,8 +146,10 @@ class ImageClassifier(ExactResume):
         """Images per optimizer step over all processes: per-device batch x world size x accumulated batches."""
         trainer = self.trainer
         if trainer.datamodule is None:
-            raise ValueError("module.optim.lr_base_batch scales the LR by the data module's batch size; fit with "
-                             "a datamodule or set module.optim.lr_base_batch=null")
+            raise ValueError(
+                "module.optim.lr_base_batch scales the LR by the data module's batch size; fit with "
+                "a datamodule or set module.optim.lr_base_batch=null"
+            )
         return trainer.datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches
 
     def configure_optimizers(self):
@@ -136,10 +157,14 @@ class ImageClassifier(ExactResume):
         lr = opt["lr"]
         if opt["lr_base_batch"] is not None:
             lr = scaled_lr(lr, self.global_batch(), opt["lr_base_batch"])
-            log.info("peak LR %g = module.optim.lr %g x global batch %d / lr_base_batch %d", lr, opt["lr"],
-                     self.global_batch(), opt["lr_base_batch"])
-        optimizer = build_optimizer(self.model, lr, opt["weight_decay"], opt["betas"], opt["layer_decay"],
-                                    opt["fused"])
+            log.info(
+                "peak LR %g = module.optim.lr %g x global batch %d / lr_base_batch %d",
+                lr,
+                opt["lr"],
+                self.global_batch(),
+                opt["lr_base_batch"],
+            )
+        optimizer = build_optimizer(self.model, lr, opt["weight_decay"], opt["betas"], opt["layer_decay"], opt["fused"])
         total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs
         if not epochs or epochs < 1:

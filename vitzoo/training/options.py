@@ -1,6 +1,7 @@
 """The classifier's option groups as dataclasses: where their defaults and types are written, the argument types
 of :class:`~vitzoo.training.ImageClassifier` (which also takes a mapping of their fields, as Hydra gives it;
 configs/module/default.yaml spells the same values for the command line, and a test keeps the two equal)."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -4,6 +4,7 @@ and the run's closing sentence.
 Lines go through ``logging`` (to the console and ``<run dir>/train.log`` under train.py), so nohup,
 SLURM and CI logs show how a run is doing while it runs, not only when it ends.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,9 @@ class EpochLog(L.Callback):
     def __init__(self, when: str = "auto", heartbeat_s: Optional[float] = 60.0):
         if when not in WHEN:
             raise ValueError(f"callbacks.epoch_log.when={when!r}; choose one of {list(WHEN)}")
-        if heartbeat_s is not None and (isinstance(heartbeat_s, bool) or not isinstance(heartbeat_s, (int, float))
-                                        or heartbeat_s < 0):
+        if heartbeat_s is not None and (
+            isinstance(heartbeat_s, bool) or not isinstance(heartbeat_s, (int, float)) or heartbeat_s < 0
+        ):
             raise ValueError(f"callbacks.epoch_log.heartbeat_s={heartbeat_s!r}; give seconds >= 0 (0 or null: off)")
         self.when, self.heartbeat_s = when, heartbeat_s or 0.0
         self._fit_start = self._epoch_start = self._beat_at = 0.0
@@ -116,8 +118,13 @@ class EpochLog(L.Callback):
         if trainer.max_epochs and trainer.max_epochs > 0:
             left = trainer.max_epochs - 1 - epoch
             timing += f" ETA {_duration(elapsed / (epoch - self._first_epoch + 1) * left)}"
-        log.info("%s step %d | %s | %s", _epoch_text(trainer), trainer.global_step,
-                 _epoch_metrics(trainer.callback_metrics), timing)
+        log.info(
+            "%s step %d | %s | %s",
+            _epoch_text(trainer),
+            trainer.global_step,
+            _epoch_metrics(trainer.callback_metrics),
+            timing,
+        )
 
 
 def _epoch_text(trainer: L.Trainer) -> str:
@@ -133,10 +140,13 @@ class ThrottledProgressBar(RichProgressBar):
     bar reads the ones named in ``live_metrics`` from the callback metrics at most every ``metrics_interval_s``
     seconds while training (epoch-level ones, such as ``val/acc1``, as Lightning shows them)."""
 
-    def __init__(self, metrics_interval_s: float = 1.0, live_metrics: Sequence[str] = ("train/loss_step",),
-                 **kwargs: Any):
+    def __init__(
+        self, metrics_interval_s: float = 1.0, live_metrics: Sequence[str] = ("train/loss_step",), **kwargs: Any
+    ):
         if not metrics_interval_s >= 0:
-            raise ValueError(f"callbacks.rich_progress_bar.metrics_interval_s={metrics_interval_s!r}; give seconds >= 0")
+            raise ValueError(
+                f"callbacks.rich_progress_bar.metrics_interval_s={metrics_interval_s!r}; give seconds >= 0"
+            )
         super().__init__(**kwargs)
         self.metrics_interval_s, self.live_metrics = metrics_interval_s, tuple(live_metrics)
         self._metrics: Optional[Dict[str, Any]] = None
@@ -157,22 +167,32 @@ class ThrottledProgressBar(RichProgressBar):
         now = time.monotonic()
         if self._metrics is None or not trainer.training or now - self._read_at >= self.metrics_interval_s:
             live = trainer.callback_metrics
-            self._metrics = {**super().get_metrics(trainer, pl_module),
-                             **{name: float(live[name]) for name in self.live_metrics if name in live}}
+            self._metrics = {
+                **super().get_metrics(trainer, pl_module),
+                **{name: float(live[name]) for name in self.live_metrics if name in live},
+            }
             self._read_at = now
         return self._metrics
 
 
-def opening_line(run_dir: Path, module: L.LightningModule, checkpoint: Optional[Dict[str, Any]],
-                 ckpt_path: Optional[str], threads: int, seed: Any) -> str:
+def opening_line(
+    run_dir: Path,
+    module: L.LightningModule,
+    checkpoint: Optional[Dict[str, Any]],
+    ckpt_path: Optional[str],
+    threads: int,
+    seed: Any,
+) -> str:
     """The run's opening line: where it writes, what it trains, from where it resumes."""
     params = sum(p.numel() for p in module.parameters())
     what = module.hparams.get("arch", type(module).__name__)
     attention = module.hparams.get("attention")
     if attention is not None:
         what += f" ({describe(attention)} attention)"
-    line = (f"run directory {run_dir.resolve()}: {what}, {params / 1e6:.2f}M parameters, {threads} CPU thread(s), "
-            f"seed {seed}")
+    line = (
+        f"run directory {run_dir.resolve()}: {what}, {params / 1e6:.2f}M parameters, {threads} CPU thread(s), "
+        f"seed {seed}"
+    )
     if checkpoint is not None:
         place = "continuing this run" if Path(ckpt_path).resolve().is_relative_to(run_dir.resolve()) else "resuming"
         line += f"; {place} from {ckpt_path} (epoch {checkpoint.get('epoch')}, step {checkpoint.get('global_step')})"
@@ -189,6 +209,7 @@ def _best_epoch(path: str) -> Optional[int]:
 def closing_summary(trainer: L.Trainer, run_dir: Path, seconds: float) -> str:
     """One sentence: the best monitored value and its epoch, the checkpoint and export paths (relative to
     ``run_dir``), the time taken."""
+
     def rel(path: Any) -> str:
         path = Path(path).resolve()
         return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)

@@ -3,6 +3,7 @@ uninterrupted one: the random generators (dropout, drop-path, mixup draw from th
 epoch's training metrics already accumulated when it stopped mid-epoch, and the training loader's position
 (:class:`~vitzoo.data.sampling.ResumableLoader`).
 """
+
 from __future__ import annotations
 
 import random
@@ -22,18 +23,21 @@ def random_states() -> Dict[str, Any]:
     """The state of every global generator: Python's, NumPy's, torch's CPU and CUDA ones (tensors and
     Python numbers only, so a ``weights_only`` load reads them)."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
-                      "gauss": gauss},
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []}
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+    }
 
 
 def set_random_states(states: Dict[str, Any]) -> None:
     """Put back what :func:`random_states` returned."""
     random.setstate(states["python"])
     numpy = states["numpy"]
-    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
-                         numpy["gauss"]))
+    np.random.set_state(
+        ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["gauss"])
+    )
     torch.set_rng_state(states["torch"])
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -62,8 +66,12 @@ class ExactResume(L.LightningModule):
         checkpoint["train_loader"] = loader.state_dict()
         if loader.mid_epoch():  # after the epoch's last batch, its metrics are the finished epoch's
             checkpoint["train_metric_states"] = {
-                name: {"state": {k: v.clone() if torch.is_tensor(v) else list(v) for k, v in m.metric_state.items()},
-                       "updates": m._update_count} for name, m in self._train_metrics().items()}
+                name: {
+                    "state": {k: v.clone() if torch.is_tensor(v) else list(v) for k, v in m.metric_state.items()},
+                    "updates": m._update_count,
+                }
+                for name, m in self._train_metrics().items()
+            }
 
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
         keys = ("random_states", "train_metric_states", "train_loader")

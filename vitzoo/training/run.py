@@ -1,4 +1,5 @@
 """What train.py calls: compose objects from a Hydra config, fit, write metrics.json."""
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,23 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
     (attention transfer's when ``cfg.transfer`` is set: ``experiment=transfer``)."""
     model, transfer = _plain(cfg.model), _plain(cfg.get("transfer"))
     kwargs = dict(
-        arch=model["arch"], attention=model["attention"], model_kwargs=model.get("kwargs") or {},
-        num_classes=datamodule.num_classes, img_size=datamodule.img_size, in_chans=datamodule.in_chans,
-        mean=list(datamodule.mean), std=list(datamodule.std), **_plain(cfg.module))
+        arch=model["arch"],
+        attention=model["attention"],
+        model_kwargs=model.get("kwargs") or {},
+        num_classes=datamodule.num_classes,
+        img_size=datamodule.img_size,
+        in_chans=datamodule.in_chans,
+        mean=list(datamodule.mean),
+        std=list(datamodule.std),
+        **_plain(cfg.module),
+    )
     try:
         module = AttentionTransfer(transfer=transfer, **kwargs) if transfer else ImageClassifier(**kwargs)
     except ValueError as err:  # the library names create_model's arguments; the command line sets them here
         if "keyword argument" in str(err):
-            raise ValueError(f"{err} (train.py: model.kwargs.<name>=..., +model.kwargs.<name>=... to add one)") \
-                from None
+            raise ValueError(
+                f"{err} (train.py: model.kwargs.<name>=..., +model.kwargs.<name>=... to add one)"
+            ) from None
         raise
     if not cfg.get("ckpt_path"):  # resuming: the weights come from the checkpoint
         initialise(module, model.get("init_from"))
@@ -97,13 +106,18 @@ def _check_resume(checkpoint: Dict[str, Any], module: L.LightningModule, ckpt_pa
     """Resuming builds the network from this run's config: it must be the checkpoint's (same-shaped
     weights of another attention would load silently)."""
     saved = checkpoint.get("hyper_parameters") or {}
-    differ = [f"{key}={saved[key]!r} (this run: {module.hparams[key]!r})" for key in _MODEL_HPARAMS
-              if key in saved and key in module.hparams and _canonical(saved[key]) != _canonical(module.hparams[key])]
+    differ = [
+        f"{key}={saved[key]!r} (this run: {module.hparams[key]!r})"
+        for key in _MODEL_HPARAMS
+        if key in saved and key in module.hparams and _canonical(saved[key]) != _canonical(module.hparams[key])
+    ]
     if differ:
         overrides = _run_overrides(ckpt_path)
         again = f": its run was started with '{' '.join(overrides)}'" if overrides else ""
-        raise ValueError(f"ckpt_path={ckpt_path!r} was trained with {'; '.join(differ)}; resume with the model= and "
-                         f"data= options it was trained with{again}")
+        raise ValueError(
+            f"ckpt_path={ckpt_path!r} was trained with {'; '.join(differ)}; resume with the model= and "
+            f"data= options it was trained with{again}"
+        )
 
 
 def _check_unfinished(checkpoint: Dict[str, Any], trainer_cfg: DictConfig, ckpt_path: str) -> None:
@@ -113,13 +127,17 @@ def _check_unfinished(checkpoint: Dict[str, Any], trainer_cfg: DictConfig, ckpt_
     done, step = epochs.get("processed", 0), checkpoint.get("global_step", 0)
     max_epochs, max_steps = trainer_cfg.get("max_epochs"), trainer_cfg.get("max_steps") or -1
     if max_steps > 0 and step >= max_steps:
-        raise ValueError(f"ckpt_path={ckpt_path!r} is of a run that already took its trainer.max_steps={max_steps} "
-                         f"steps; nothing is left to train: to train it further, resume with a larger "
-                         f"trainer.max_steps (e.g. trainer.max_steps={2 * max_steps})")
+        raise ValueError(
+            f"ckpt_path={ckpt_path!r} is of a run that already took its trainer.max_steps={max_steps} "
+            f"steps; nothing is left to train: to train it further, resume with a larger "
+            f"trainer.max_steps (e.g. trainer.max_steps={2 * max_steps})"
+        )
     if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
-        raise ValueError(f"ckpt_path={ckpt_path!r} is of a run that already finished its {done} epoch(s) "
-                         f"(trainer.max_epochs={max_epochs}); nothing is left to train: to train it further, resume "
-                         f"with a larger trainer.max_epochs (e.g. trainer.max_epochs={done + max(1, done)})")
+        raise ValueError(
+            f"ckpt_path={ckpt_path!r} is of a run that already finished its {done} epoch(s) "
+            f"(trainer.max_epochs={max_epochs}); nothing is left to train: to train it further, resume "
+            f"with a larger trainer.max_epochs (e.g. trainer.max_epochs={done + max(1, done)})"
+        )
 
 
 def _build_trainer(cfg: DictConfig) -> L.Trainer:
@@ -128,8 +146,9 @@ def _build_trainer(cfg: DictConfig) -> L.Trainer:
     callbacks, bar = _instantiate_all(cfg.get("callbacks")), {}
     if not console_is_terminal() and cfg.trainer.get("enable_progress_bar") is None:
         callbacks, bar = [c for c in callbacks if not isinstance(c, ProgressBar)], {"enable_progress_bar": False}
-    trainer = instantiate_config(cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")) or False,
-                                 **bar)
+    trainer = instantiate_config(
+        cfg.trainer, callbacks=callbacks, logger=_instantiate_all(cfg.get("logger")) or False, **bar
+    )
     for logger in trainer.loggers:
         logger.log_hyperparams({key: _plain(cfg.get(key)) for key in ("model", "module", "data", "trainer", "seed")})
     return trainer
@@ -174,4 +193,3 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
         write_json(run_dir / "metrics.json", metrics)
         log.info(closing_summary(trainer, run_dir, time.monotonic() - started))
     return metrics
-

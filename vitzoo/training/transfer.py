@@ -11,6 +11,7 @@ Stage 2 (``transfer.stage=2``): the student fine-tunes end to end on the labels 
 from a stage-1 checkpoint (``transfer.student``), optionally with the KL divergence to the teacher's logits at
 a temperature (``distill``, ``temperature``). Each stage is a run of its own: checkpoint, export, TensorBoard.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,7 +64,9 @@ class AttentionTransfer(ImageClassifier):
     def __init__(self, *, transfer: Optional[Mapping[str, Any]] = None, **classifier):
         super().__init__(**classifier)
         self.transfer = _check_transfer(transfer)
-        if not hasattr(self.model, "blocks") or not all(isinstance(a, ZooAttention) for a in attention_layers(self.model)):
+        if not hasattr(self.model, "blocks") or not all(
+            isinstance(a, ZooAttention) for a in attention_layers(self.model)
+        ):
             raise ValueError(f"attention transfer needs a ViT (vit_* architectures), got {self.hparams.arch}")
         self.stage = self.transfer["stage"]
         self.converted = converted_blocks(self.model)
@@ -85,8 +88,10 @@ class AttentionTransfer(ImageClassifier):
             return
         if not init_from:
             where = "stage 1" if self.stage == 1 else "stage 2 without transfer.student"
-            raise ValueError(f"attention transfer {where} starts from a pretrained softmax ViT: pass "
-                             f"model.init_from=<timm:name.tag | state dict file | export folder>")
+            raise ValueError(
+                f"attention transfer {where} starts from a pretrained softmax ViT: pass "
+                f"model.init_from=<timm:name.tag | state dict file | export folder>"
+            )
         initialise_from(self.model, init_from)
         if self.teacher is not None:
             self.teacher_head_note = initialise_from(self.teacher, init_from).head_note
@@ -94,23 +99,31 @@ class AttentionTransfer(ImageClassifier):
 
     def _check_teacher_head(self) -> None:
         if self.transfer["distill"] > 0 and self.teacher_head_note:
-            raise ValueError(f"transfer.distill needs the teacher's logits over the data's classes, but the teacher's "
-                             f"head is new ({self.teacher_head_note}); fine-tune a softmax model on the data first and "
-                             f"start from its export, or set transfer.distill=0")
+            raise ValueError(
+                f"transfer.distill needs the teacher's logits over the data's classes, but the teacher's "
+                f"head is new ({self.teacher_head_note}); fine-tune a softmax model on the data first and "
+                f"start from its export, or set transfer.distill=0"
+            )
 
     def _load_stage1(self, path: str) -> None:
         checkpoint = read_checkpoint(path)
         saved = checkpoint.get("hyper_parameters") or {}
-        differ = [f"{key}={saved.get(key)!r} (this run: {self.hparams.get(key)!r})" for key in _SAME_NETWORK
-                  if _canonical(saved.get(key)) != _canonical(self.hparams.get(key))]
+        differ = [
+            f"{key}={saved.get(key)!r} (this run: {self.hparams.get(key)!r})"
+            for key in _SAME_NETWORK
+            if _canonical(saved.get(key)) != _canonical(self.hparams.get(key))
+        ]
         if differ or (saved.get("transfer") or {}).get("stage") != 1:
             what = "; ".join(differ) or "it is not a stage-1 checkpoint"
-            raise ValueError(f"transfer.student={path!r}: {what}; give the stage-1 checkpoint of the same model= and "
-                             f"data= options")
+            raise ValueError(
+                f"transfer.student={path!r}: {what}; give the stage-1 checkpoint of the same model= and data= options"
+            )
         state = checkpoint["state_dict"]
-        self.model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+        self.model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
         if self.teacher is not None:
-            self.teacher.load_state_dict({k[len("teacher."):]: v for k, v in state.items() if k.startswith("teacher.")})
+            self.teacher.load_state_dict(
+                {k[len("teacher.") :]: v for k, v in state.items() if k.startswith("teacher.")}
+            )
         self.teacher_head_note = checkpoint.get("teacher_head_note", "")
         self._check_teacher_head()
 
@@ -121,8 +134,10 @@ class AttentionTransfer(ImageClassifier):
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
         saved = (checkpoint.get("hyper_parameters") or {}).get("transfer") or {}
         if saved.get("stage") != self.stage:
-            raise ValueError(f"the checkpoint is of transfer stage {saved.get('stage')}, this run stage {self.stage}; "
-                             f"resume with the transfer.stage it was trained with")
+            raise ValueError(
+                f"the checkpoint is of transfer stage {saved.get('stage')}, this run stage {self.stage}; "
+                f"resume with the transfer.stage it was trained with"
+            )
         self.teacher_head_note = checkpoint.get("teacher_head_note", "")
         super().on_load_checkpoint(checkpoint)
 
@@ -135,8 +150,10 @@ class AttentionTransfer(ImageClassifier):
         for attn in (layers[i] for i in self.converted):  # softmax blocks of a hybrid stay the teacher's
             own = [p for name, p in attn.named_parameters() if not name.startswith(_SHARED)]
             if self.transfer["qk"] == "freeze" and not own:
-                raise ValueError(f"transfer.qk=freeze: {type(attn).__name__} has no parameters of its own, so nothing "
-                                 f"would learn; use transfer.qk=train")
+                raise ValueError(
+                    f"transfer.qk=freeze: {type(attn).__name__} has no parameters of its own, so nothing "
+                    f"would learn; use transfer.qk=train"
+                )
             for p in own:
                 p.requires_grad_(True)
             if self.transfer["qk"] == "train" and "q" in attn.projections:
@@ -171,8 +188,10 @@ class AttentionTransfer(ImageClassifier):
         row cross-entropy)} for every converted block, each student layer fed the teacher's input to that layer."""
         teachers, students = attention_layers(self.teacher), attention_layers(self.model)
         seen: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
-        hooks = [layer.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, (args[0], out)))
-                 for i, layer in enumerate(teachers)]
+        hooks = [
+            layer.register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, (args[0], out)))
+            for i, layer in enumerate(teachers)
+        ]
         try:
             with torch.no_grad(), _eval_mode(self.teacher):
                 self.teacher.forward_features(images)
@@ -196,18 +215,21 @@ class AttentionTransfer(ImageClassifier):
         loss = torch.stack(list(losses.values())).sum()
         self.log("train/loss_step", loss, on_step=True, on_epoch=False)
         self.log("train/transfer_loss", loss, on_step=False, on_epoch=True)
-        self.log_dict({f"train/transfer/{name}": value for name, value in losses.items()}, on_step=False,
-                      on_epoch=True)
+        self.log_dict({f"train/transfer/{name}": value for name, value in losses.items()}, on_step=False, on_epoch=True)
         return loss
 
     def validation_step(self, batch, batch_idx: int) -> None:
         super().validation_step(batch, batch_idx)
         if self.stage == 1:
             losses = self.transfer_losses(batch[0])
-            self.log("val/transfer_loss", torch.stack(list(losses.values())).sum(), on_epoch=True,
-                     batch_size=len(batch[0]))
-            self.log_dict({f"val/transfer/{name}": value for name, value in losses.items()}, on_epoch=True,
-                          batch_size=len(batch[0]))
+            self.log(
+                "val/transfer_loss", torch.stack(list(losses.values())).sum(), on_epoch=True, batch_size=len(batch[0])
+            )
+            self.log_dict(
+                {f"val/transfer/{name}": value for name, value in losses.items()},
+                on_epoch=True,
+                batch_size=len(batch[0]),
+            )
 
     # -- stage 2 ----------------------------------------------------------------------------------------------
     def _fine_tune_step(self, batch, batch_idx: int) -> torch.Tensor:
@@ -225,8 +247,16 @@ class AttentionTransfer(ImageClassifier):
         with torch.no_grad(), _eval_mode(self.teacher):
             target = self.teacher(images)
         t = self.transfer["temperature"]
-        kl = F.kl_div(F.log_softmax(logits.float() / t, dim=-1), F.log_softmax(target.float() / t, dim=-1),
-                      log_target=True, reduction="batchmean") * t * t
+        kl = (
+            F.kl_div(
+                F.log_softmax(logits.float() / t, dim=-1),
+                F.log_softmax(target.float() / t, dim=-1),
+                log_target=True,
+                reduction="batchmean",
+            )
+            * t
+            * t
+        )
         self.log("train/distill", kl, on_step=False, on_epoch=True)
         return loss + self.transfer["distill"] * kl
 
@@ -256,8 +286,10 @@ def _row_cross_entropy(student: ZooAttention, teacher: ZooAttention, x: torch.Te
 def _check_transfer(given: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     options = dataclasses.asdict(options_from(TransferOptions, "transfer", given))
     if options["stage"] not in (1, 2):
-        raise ValueError(f"transfer.stage={options['stage']!r}; give 1 (attention layers learn the teacher's outputs) "
-                         f"or 2 (fine-tune on the labels)")
+        raise ValueError(
+            f"transfer.stage={options['stage']!r}; give 1 (attention layers learn the teacher's outputs) "
+            f"or 2 (fine-tune on the labels)"
+        )
     if options["qk"] not in QK_MODES:
         raise ValueError(f"transfer.qk={options['qk']!r}; choose one of {list(QK_MODES)}")
     for key in ("attention_ce", "distill", "temperature"):

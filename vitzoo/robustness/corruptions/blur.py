@@ -1,4 +1,5 @@
 """The blur family: ``fn(images, c, generator)`` following the reference code's operations."""
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ def disk_kernel(radius: float, alias_blur: float) -> Tensor:
     disk = ((t[:, None] ** 2 + t[None, :] ** 2) <= radius**2).double()
     disk = separable(disk / disk.sum(), gaussian_1d(alias_blur, k // 2), "reflect101")  # cv2.GaussianBlur
     r = int(torch.nonzero(disk.sum(0)).max()) - half  # zero border rows/cols change nothing
-    return disk[half - r:half + r + 1, half - r:half + r + 1]
+    return disk[half - r : half + r + 1, half - r : half + r + 1]
 
 
 def defocus_blur(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tensor:
@@ -39,6 +40,7 @@ def defocus_blur(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> T
 
 
 # ---------------------------------------------------------------- glass blur
+
 
 @lru_cache(maxsize=16)
 def _glass_schedule(h: int, w: int, delta: int) -> tuple[Tensor, Tensor, list[int]]:
@@ -89,6 +91,7 @@ def glass_blur(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Ten
 
 # ---------------------------------------------------------------- motion blur
 
+
 def motion_blur_at(x: Tensor, radius: int, sigma: float, angles: Tensor) -> Tensor:
     """``imagecorruptions``' motion blur (ImageMagick's MotionBlurImage without libMagick) of each image
     along its own angle (degrees, a (B,) tensor): a one-sided Gaussian of ``2 radius + 1`` taps over
@@ -124,6 +127,7 @@ def motion_blur(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Te
 
 
 # ---------------------------------------------------------------- zoom blur
+
 
 def zoom_factors(start: float, stop: float, step: float) -> list[float]:
     """``np.arange(start, stop, step)`` to the last bit: ceil((stop - start) / step) values

@@ -1,4 +1,5 @@
 """The digital family plus brightness and saturate: ``fn(images, c, generator)``."""
+
 from __future__ import annotations
 
 import warnings
@@ -38,7 +39,7 @@ def saturate(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tenso
     colour = delta > 0
     s = torch.where(colour, delta / v.clamp(min=torch.finfo(x.dtype).tiny), 0.0)
     s_new = (s * c[0] + c[1]).clamp(0, 1)
-    hue_zero = torch.tensor(HUE_ZERO[:x.shape[1]], dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    hue_zero = torch.tensor(HUE_ZERO[: x.shape[1]], dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     g = torch.where(colour, (v - x) / delta.clamp(min=torch.finfo(x.dtype).tiny), hue_zero)
     return v - v * s_new * g
 
@@ -64,6 +65,7 @@ def pixelate(x: Tensor, c: float, generator: Optional[torch.Generator]) -> Tenso
 
 # ---------------------------------------------------------------- elastic transform
 
+
 def _bilinear(x: Tensor, row0: Tensor, col0: Tensor, fy: Tensor, fx: Tensor, border: str) -> Tensor:
     """Bilinear samples of (B, C, H, W) ``x``: top-left taps ``row0``/``col0`` (B, H, W) int, fractions
     ``fy``/``fx``; taps outside the image follow ``border``."""
@@ -76,8 +78,12 @@ def _bilinear(x: Tensor, row0: Tensor, col0: Tensor, fy: Tensor, fx: Tensor, bor
         return flat.gather(2, (r[i] * w + c[j]).view(b, 1, -1).expand(-1, ch, -1)).view_as(x)
 
     fy, fx = fy[:, None].to(x.dtype), fx[:, None].to(x.dtype)
-    return (tap(0, 0) * ((1 - fy) * (1 - fx)) + tap(0, 1) * ((1 - fy) * fx)
-            + tap(1, 0) * (fy * (1 - fx)) + tap(1, 1) * (fy * fx))
+    return (
+        tap(0, 0) * ((1 - fy) * (1 - fx))
+        + tap(0, 1) * ((1 - fy) * fx)
+        + tap(1, 0) * (fy * (1 - fx))
+        + tap(1, 1) * (fy * fx)
+    )
 
 
 def _affine_points(h: int, w: int) -> Tensor:
@@ -96,8 +102,12 @@ def affine_warp(x: Tensor, shift: Tensor) -> Tensor:
     inverse = torch.linalg.solve(torch.cat([dst, ones], 2), src.expand(b, -1, -1))  # (B, 3, 2): dst -> src
     cols = torch.arange(w, dtype=torch.float64, device=shift.device)
     rows = torch.arange(h, dtype=torch.float64, device=shift.device)
-    grid = torch.stack(torch.broadcast_tensors(cols[None, :], rows[:, None], torch.ones(1, 1, dtype=torch.float64,
-                                                                                        device=shift.device)), -1)
+    grid = torch.stack(
+        torch.broadcast_tensors(
+            cols[None, :], rows[:, None], torch.ones(1, 1, dtype=torch.float64, device=shift.device)
+        ),
+        -1,
+    )
     at = (grid.view(1, h * w, 3) @ inverse).view(b, h, w, 2).to(x.device)  # (x, y) in the source
     c0, r0 = at[..., 0].floor(), at[..., 1].floor()
     return _bilinear(x, r0.long(), c0.long(), at[..., 1] - r0, at[..., 0] - c0, "reflect101")

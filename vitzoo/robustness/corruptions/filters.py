@@ -4,6 +4,7 @@ Borders: ``"nearest"`` repeats the edge pixel (scipy/skimage ``nearest``, cv2 ``
 ``"reflect101"`` mirrors without repeating it (cv2's default ``BORDER_REFLECT_101``, scipy
 ``mirror``), ``"symmetric"`` mirrors and repeats it (scipy ``reflect``, cv2 ``BORDER_REFLECT``).
 """
+
 from __future__ import annotations
 
 import math

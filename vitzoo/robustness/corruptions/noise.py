@@ -1,4 +1,5 @@
 """The noise family: ``fn(images, c, generator)`` with the reference formulas (``c`` the severity's constant)."""
+
 from __future__ import annotations
 
 from typing import Optional

@@ -5,6 +5,7 @@ the 5x5 chamfer distance to them (cv2's DIST_L2 mask 5), truncated at 20, box bl
 equalisation, an emboss filter, box blur; each step written as a batched tensor op on integer
 values.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -37,7 +38,7 @@ def canny(img: Tensor, low: float, high: float) -> Tensor:
     p = F.pad(mag, (1, 1, 1, 1))  # magnitudes outside the image are 0
 
     def at(dy: int, dx: int) -> Tensor:
-        return p[:, 1 + dy:p.shape[1] - 1 + dy, 1 + dx:p.shape[2] - 1 + dx]
+        return p[:, 1 + dy : p.shape[1] - 1 + dy, 1 + dx : p.shape[2] - 1 + dx]
 
     ax, ay = gx.abs(), gy.abs() * 32768
     tg22x = ax * TG22
@@ -46,9 +47,11 @@ def canny(img: Tensor, low: float, high: float) -> Tensor:
     s = torch.where((gx < 0) != (gy < 0), -1, 1)
     diag_pos = (mag > at(-1, -1)) & (mag > at(1, 1))  # s = 1: up-left and down-right
     diag_neg = (mag > at(-1, 1)) & (mag > at(1, -1))  # s = -1
-    peak = torch.where(horizontal, (mag > at(0, -1)) & (mag >= at(0, 1)),
-                       torch.where(vertical, (mag > at(-1, 0)) & (mag >= at(1, 0)),
-                                   torch.where(s == 1, diag_pos, diag_neg)))
+    peak = torch.where(
+        horizontal,
+        (mag > at(0, -1)) & (mag >= at(0, 1)),
+        torch.where(vertical, (mag > at(-1, 0)) & (mag >= at(1, 0)), torch.where(s == 1, diag_pos, diag_neg)),
+    )
     weak = peak & (mag > low)
     edges = weak & (mag > high)
     while True:
@@ -69,20 +72,20 @@ def chamfer_distance(edges: Tensor) -> Tensor:
     ramp = torch.arange(w, device=edges.device) * a
     for rows, sign in ((range(h), 1), (range(h - 1, -1, -1), -1)):
         for y in rows:
-            best = d[:, y, 2:w + 2]
+            best = d[:, y, 2 : w + 2]
             if 0 <= y - sign < h:
                 near = d[:, y - sign]
-                best = torch.minimum(best, near[:, 2:w + 2] + a)
-                best = torch.minimum(best, torch.minimum(near[:, 1:w + 1], near[:, 3:w + 3]) + diag)
+                best = torch.minimum(best, near[:, 2 : w + 2] + a)
+                best = torch.minimum(best, torch.minimum(near[:, 1 : w + 1], near[:, 3 : w + 3]) + diag)
                 best = torch.minimum(best, torch.minimum(near[:, :w], near[:, 4:]) + knight)
             if 0 <= y - 2 * sign < h:
                 far_row = d[:, y - 2 * sign]
-                best = torch.minimum(best, torch.minimum(far_row[:, 1:w + 1], far_row[:, 3:w + 3]) + knight)
+                best = torch.minimum(best, torch.minimum(far_row[:, 1 : w + 1], far_row[:, 3 : w + 3]) + knight)
             if sign == 1:  # left to right: d[x] = min over k <= x of best[k] + a (x - k)
-                d[:, y, 2:w + 2] = torch.cummin(best - ramp, 1).values + ramp
+                d[:, y, 2 : w + 2] = torch.cummin(best - ramp, 1).values + ramp
             else:  # right to left
-                d[:, y, 2:w + 2] = torch.cummin((best + ramp).flip(1), 1).values.flip(1) - ramp
-    return d[..., 2:w + 2]
+                d[:, y, 2 : w + 2] = torch.cummin((best + ramp).flip(1), 1).values.flip(1) - ramp
+    return d[..., 2 : w + 2]
 
 
 def equalize_hist(img: Tensor) -> Tensor:

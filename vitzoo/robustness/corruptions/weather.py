@@ -1,4 +1,5 @@
 """The weather family (snow, frost, fog; brightness lives in ``digital``): ``fn(images, c, generator)``."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,9 @@ FROST_FILES = ("frost1.webp", "frost2.webp", "frost3.webp", "frost4.jpg", "frost
 Uniform = Callable[[Sequence[int], float, float], Tensor]
 
 
-def plasma_fractal(batch: int, mapsize: int, decay: float, draw: Uniform,
-                   device: Optional[torch.device] = None) -> Tensor:
+def plasma_fractal(
+    batch: int, mapsize: int, decay: float, draw: Uniform, device: Optional[torch.device] = None
+) -> Tensor:
     """The reference's diamond-square height map, (batch, mapsize, mapsize) float64 in [0, 1].
 
     ``draw(shape, low, high)`` supplies the uniform draws, in the reference's order."""
@@ -68,6 +70,7 @@ def fog(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tensor:
 
 # ---------------------------------------------------------------- frost
 
+
 def frost_dir() -> Path:
     """The folder of the reference frost images, package data of vitzoo."""
     return Path(__file__).resolve().parent / "frost"
@@ -97,8 +100,9 @@ def _frost_layers(scale: float, h: int, w: int, device: torch.device) -> tuple[T
         fh, fw = im.shape[-2:]
         if int(fh * scale) > h and int(fw * scale) > w:
             if scale != 1:
-                im = F.interpolate(im[None], scale_factor=scale, mode="bilinear", align_corners=False,
-                                   recompute_scale_factor=False)[0]
+                im = F.interpolate(
+                    im[None], scale_factor=scale, mode="bilinear", align_corners=False, recompute_scale_factor=False
+                )[0]
         else:
             fit = 1.1 * max(h / fh, w / fw)
             size = (math.ceil(fh * fit), math.ceil(fw * fit))
@@ -137,6 +141,7 @@ def frost(x: Tensor, c: tuple, generator: Optional[torch.Generator]) -> Tensor:
 
 
 # ---------------------------------------------------------------- snow
+
 
 def snow_layer(noise: Tensor, c: tuple, angles: Tensor, h: int, w: int) -> Tensor:
     """The reference's snow layer (B, 1, H, W) from its N(c0, c1^2) noise (B, H, W) and blur angles:
