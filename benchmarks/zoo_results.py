@@ -22,7 +22,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 FORMAT = 1
 CORRUPTION_15X5, PGD_2 = "mean corruption accuracy (15x5)", "PGD L-inf 2/255"
 PGD_CHECK = "PGD attack check"  # eval.py's guard against a silently broken attack: "ok" or what failed
-ROW_KEYS = (
+TABLE_KEYS = (  # a run's numbers as the table shows them (zoo_table.COLUMNS after mechanism, preset, seeds)
     "params",
     "MFLOPs/img",
     "train img/s",
@@ -36,10 +36,8 @@ ROW_KEYS = (
     "entropy init",
     "entropy end",
     "entropy 2x res",
-    "eval clean acc",
-    "torch",
-    PGD_CHECK,
 )
+ROW_KEYS = (*TABLE_KEYS, "eval clean acc", "torch", PGD_CHECK)
 
 
 def file_name(preset: str, seed: int) -> str:

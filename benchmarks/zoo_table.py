@@ -11,24 +11,7 @@ import zoo_results
 from zoo_plan import PRESETS, ROOT, Budget, recipe_path
 from zoo_results import CORRUPTION_15X5, PGD_2, PGD_CHECK
 
-COLUMNS = (
-    "mechanism",
-    "preset",
-    "seeds",
-    "params",
-    "MFLOPs/img",
-    "train img/s",
-    "peak train MB",
-    "val acc",
-    "gauss sev1-5",
-    "logit sigma=1",
-    "2x res",
-    CORRUPTION_15X5,
-    PGD_2,
-    "entropy init",
-    "entropy end",
-    "entropy 2x res",
-)
+COLUMNS = ("mechanism", "preset", "seeds", *zoo_results.TABLE_KEYS)
 CSV_ONLY = ("eval clean acc", "torch", "hardware", PGD_CHECK)  # in results.csv, not in the table
 SAYS_WHY = (CORRUPTION_15X5, PGD_2)  # columns whose missing value names its reason (in the table and the CSV)
 NO_CHECKPOINT, EVAL_PENDING = "not run: no checkpoint", "not run: eval phase pending"
