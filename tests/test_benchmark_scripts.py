@@ -71,6 +71,29 @@ def test_train_throughput_feeds_the_model_from_both_data_paths(tmp_path):
         assert any(line.startswith(row) for line in out.splitlines()), out
 
 
+def test_inference_throughput_compares_the_zoo_vit_with_timm():
+    out = _run(
+        "benchmarks/train_throughput.py",
+        "--inference",
+        "--img-size",
+        16,
+        "--batch-size",
+        2,
+        "--steps",
+        1,
+        "--rounds",
+        2,
+        "--warmup",
+        1,
+        "--device",
+        "cpu",
+    )
+    assert "inference, 2 rounds" in out, out
+    timm_row = next(line for line in out.splitlines() if line.startswith("timm VisionTransformer"))
+    assert timm_row.split()[-3:] == ["1.000", "1.000", "1.000"], out  # the baseline's own ratios
+    assert any(line.startswith("vitzoo vit_softmax ") for line in out.splitlines()), out
+
+
 def test_attention_end_to_end_reports_inference_and_training_step(tmp_path):
     out = _run(
         "benchmarks/attention.py",
