@@ -132,12 +132,12 @@ def test_linear_module_causal_flag_and_option_agree_with_reference(name):
 # What each mechanism has no form for (attn_mask, is_causal); a new mechanism must say here.
 REFUSES = {
     "softmax": (),
-    "linear": ("attn_mask",),
-    "taylor": ("attn_mask",),
-    "performer": ("attn_mask",),
+    "linear": (),
+    "taylor": (),
+    "performer": (),
     "efficient": ("attn_mask", "is_causal"),
     "hydra": ("attn_mask", "is_causal"),
-    "focused_linear": ("attn_mask", "is_causal"),
+    "focused_linear": ("is_causal",),
     "agent": ("attn_mask", "is_causal"),
     "linformer": ("attn_mask", "is_causal"),
     "nystrom": ("attn_mask", "is_causal"),

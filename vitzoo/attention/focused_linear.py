@@ -116,21 +116,26 @@ class FocusedLinearAttention(LinearAttention, GridBoundAttention):
         self.pos = KeyPositionEncoding(self.attn_dim, self.built_layout, **dd) if pos_embed else None
         self.dwc = grid_conv("focused_linear", self.attn_dim, kernel_size, **kwargs)
 
-    def features(self, q, k):
-        """phi(q) and phi(k + P) / n: the sums over keys become FLatten's means (its eps is on the mean)."""
+    def features(self, q, k, key_mask=None):
+        """phi(q) and phi(k + P) / n: the sums over keys become FLatten's means (its eps is on the mean; n counts the
+        keys of ``key_mask``)."""
         n = k.shape[-2]
         if self.pos is not None:
             H, D = k.shape[1], k.shape[3]
             k = k + self.pos(self.target_layout(n)).to(k.dtype).reshape(n, H, D).transpose(0, 1)
-        return self.phi(q, is_query=True), self.phi(k, is_query=False) / n, "identity"
+        return self.phi(q, is_query=True), self.phi(k, is_query=False) / AF.key_count(key_mask, k), "identity"
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         """The attention term's rows as distributions over keys: the share eps takes (mixing nothing) left out."""
-        fq, fk, name = self.features(q, k)
-        return AF.kernel_probs(fq[:, :, query_index], fk, name, eps=0.0)
+        if self.rope is not None:
+            return super().probs(x, q, k, attn_mask, is_causal, query_index)
+        keys = AF.key_padding(attn_mask)
+        fq, fk, name = self.features(q, k, keys)
+        return AF.kernel_probs(fq[:, :, query_index], fk, name, eps=0.0, key_mask=keys)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         out = super().mix(x, q, k, v, attn_mask, is_causal, logit_noise)
         if self.dwc is None:
             return out
-        return out + self.dwc.over_grid(v, self.current_grid(v.shape[-2]), self.num_prefix_tokens)
+        grid = self.current_grid(v.shape[-2])
+        return out + self.dwc.over_grid(v, grid, self.num_prefix_tokens, AF.key_padding(attn_mask))

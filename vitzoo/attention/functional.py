@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vitzoo.kernels.feature_maps import feature_map as _feature_map
+from vitzoo.kernels.feature_maps import mask_keys
 from vitzoo.kernels.naive import naive_linear_attention
 
 __all__ = [
@@ -37,6 +38,9 @@ __all__ = [
     "logit_scale",
     "check_scale",
     "additive_mask",
+    "key_padding",
+    "mask_keys",
+    "key_count",
     "LINEAR_IMPLS",
     "acc",
     "key_noise",
@@ -75,8 +79,17 @@ def entropy_scale(head_dim: int, num_keys: Union[int, torch.Tensor], train_keys:
 SCALE_MODES = ("sqrt_d", "log_n")  # the scale option of the mechanisms with softmax logits
 
 
-def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[int]) -> float:
-    """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``)."""
+@overload
+def logit_scale(mode: str, head_dim: int, num_keys: int, train_keys: Optional[int]) -> float: ...
+@overload
+def logit_scale(
+    mode: str, head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: Optional[int]
+) -> Union[float, torch.Tensor]: ...
+def logit_scale(
+    mode: str, head_dim: int, num_keys: Union[int, torch.Tensor], train_keys: Optional[int]
+) -> Union[float, torch.Tensor]:
+    """1/sqrt(d) (``sqrt_d``) or kappa*log(n)/d equal to it at ``train_keys`` (``log_n``; a tensor of counts, e.g.
+    each image's keys under a mask, gives a tensor of scales)."""
     if mode == "sqrt_d":
         return head_dim**-0.5
     assert train_keys is not None, "scale='log_n' needs train_keys (check_scale rejects it at build time)"
@@ -137,6 +150,42 @@ def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Opti
     if attn_mask is None or attn_mask.dtype != torch.bool:
         return attn_mask
     return torch.zeros(attn_mask.shape, dtype=like.dtype, device=like.device).masked_fill(~attn_mask, float("-inf"))
+
+
+def key_padding(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The keys an ``attn_mask`` lets through, (B or 1, H or 1, Nk) bool, when the mask is the same for every query
+    (key padding); None for no mask. This is the one way an O(n) mechanism reads a mask.
+
+    Takes timm's boolean form (True = attend): (B, 1, 1, Nk) for keys alone, or (B, 1, Nq, Nk) whose rows are each
+    either that key row or all False (a padded query, as timm's NaFlex ``create_attention_mask`` builds it). A mask
+    that differs by query, or an additive float one, is a ValueError: O(n) forms never form the n x n matrix. Under
+    torch.compile / torch.export and the tracing exporters the rows are not compared (a data-dependent check).
+    """
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype != torch.bool or not 2 <= attn_mask.dim() <= 4:
+        raise ValueError(
+            f"an O(n) mechanism takes a boolean attn_mask (B, 1, 1, N) or (B, 1, N, N) with True = attend, got "
+            f"{attn_mask.dtype} {tuple(attn_mask.shape)}; pass key padding as a bool mask, or use attention='softmax'"
+        )
+    attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + attn_mask.shape)  # (N, N) broadcasts as SDPA's
+    keys = attn_mask.any(dim=-2, keepdim=True) if attn_mask.shape[-2] > 1 else attn_mask
+    if attn_mask.shape[-2] > 1 and not (torch.compiler.is_compiling() or graph_capture()):
+        rows_ok = (attn_mask == keys) | ~attn_mask.any(dim=-1, keepdim=True)
+        if not bool(rows_ok.all()):
+            raise ValueError(
+                "this attn_mask differs from query to query, and an O(n) mechanism takes key padding only (each "
+                "row the same keys, or none for a padded query); use attention='softmax' for other masks"
+            )
+    return keys.squeeze(-2)
+
+
+def key_count(key_mask: Optional[torch.Tensor], like: torch.Tensor) -> Union[int, torch.Tensor]:
+    """The keys that count, per (batch, head) as (B or 1, H or 1, 1, 1) in ``like``'s dtype under a ``key_mask``,
+    else the token count of ``like`` (B, H, N, D): n of each image in the formulas that divide by n."""
+    if key_mask is None:
+        return like.shape[-2]
+    return key_mask.sum(-1).to(like.dtype)[..., None, None]
 
 
 def causal_keep(num_queries: int, num_keys: int, device) -> torch.Tensor:
@@ -209,13 +258,13 @@ def key_noise(k: torch.Tensor, logit_noise: float) -> Optional[torch.Tensor]:
     return torch.randn(k.shape[:-1] + (1,), device=k.device, dtype=acc(k).dtype) * logit_noise
 
 
-def _kernel_features(q, k, feature_map: str, logit_noise: float):
+def _kernel_features(q, k, feature_map: str, logit_noise: float, key_mask: Optional[torch.Tensor] = None):
     phi = _feature_map(feature_map)
     fq, fk = phi(acc(q)), phi(acc(k))
     noise = key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
-    return fq, fk
+    return fq, mask_keys(fk, key_mask)
 
 
 def kernel_probs(
@@ -225,18 +274,19 @@ def kernel_probs(
     eps: float = 1e-6,
     causal: bool = False,
     logit_noise: float = 0.0,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The implied matrix A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps)."""
-    fq, fk = _kernel_features(q, k, feature_map, logit_noise)
+    """The implied matrix A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps); 0 for masked keys."""
+    fq, fk = _kernel_features(q, k, feature_map, logit_noise, key_mask)
     sim = fq @ fk.transpose(-2, -1)
     if causal:
         sim = sim.tril()
     return sim / (sim.sum(dim=-1, keepdim=True) + eps)
 
 
-def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noise: float):
-    """The plain formula (kernels' naive reference) on the features, key noise applied first."""
-    fq, fk = _kernel_features(q, k, feature_map, logit_noise)
+def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noise: float, key_mask):
+    """The plain formula (kernels' naive reference) on the features, key noise and the key mask applied first."""
+    fq, fk = _kernel_features(q, k, feature_map, logit_noise, key_mask)
     return naive_linear_attention(fq, fk, v, "identity", eps, causal)
 
 
@@ -249,8 +299,12 @@ def linear_attention(
     impl: str = "auto",
     causal: bool = False,
     logit_noise: float = 0.0,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Kernel attention phi(q) (sum_j phi(k_j)^T v_j) / (phi(q).sum_j phi(k_j) + eps) in O(n d^2).
+
+    ``key_mask`` (bool (B or 1, H or 1, Nk), True = the key counts; ``key_padding`` reads it from an attn_mask)
+    leaves the other keys out of both sums on every path.
 
     ``impl``: ``eager`` is the plain formula; ``torch`` (chunked autograd Function) and
     ``triton`` (GPU kernels) are the fused non-causal paths in ``vitzoo.kernels``; ``auto``
@@ -271,10 +325,10 @@ def linear_attention(
             )
         impl = "eager"
     if impl == "eager":
-        return _linear_eager(q, k, v, feature_map, eps, causal, logit_noise)
+        return _linear_eager(q, k, v, feature_map, eps, causal, logit_noise, key_mask)
     from vitzoo.kernels import fused_linear_attention
 
-    return fused_linear_attention(q, k, v, feature_map=feature_map, eps=eps, impl=impl)
+    return fused_linear_attention(q, k, v, feature_map=feature_map, eps=eps, impl=impl, key_mask=key_mask)
 
 
 def graph_capture() -> bool:

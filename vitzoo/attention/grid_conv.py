@@ -7,13 +7,16 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
+from .functional import mask_keys
+
 __all__ = ["GridDepthwiseConv", "grid_conv"]
 
 
 class GridDepthwiseConv(nn.Conv2d):
     """A ``kernel_size`` depthwise conv (zero padding, grid size kept) over the grid tokens of (B, H, N, D) values.
 
-    Prefix (class / register) tokens are not on the grid: the conv never sees them and their rows are 0.
+    Prefix (class / register) tokens are not on the grid: the conv never sees them and their rows are 0. Tokens whose
+    ``key_mask`` (bool (B or 1, H or 1, N)) is False are seen as 0 (padding), as the zero border of an image alone.
     """
 
     def __init__(self, channels: int, kernel_size: int, device=None, dtype=None):
@@ -21,8 +24,11 @@ class GridDepthwiseConv(nn.Conv2d):
             channels, channels, kernel_size, padding=kernel_size // 2, groups=channels, device=device, dtype=dtype
         )
 
-    def over_grid(self, v: torch.Tensor, grid: Tuple[int, int], num_prefix: int) -> torch.Tensor:
+    def over_grid(
+        self, v: torch.Tensor, grid: Tuple[int, int], num_prefix: int, key_mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         B, H, N, D = v.shape
+        v = mask_keys(v, key_mask)
         out = self(v[:, :, num_prefix:].transpose(-2, -1).reshape(B, H * D, *grid))
         return torch.cat(
             [v.new_zeros(B, H, num_prefix, D), out.reshape(B, H, D, N - num_prefix).transpose(-2, -1)], dim=2

@@ -8,12 +8,12 @@ it too; the ``performer`` mechanism is linear attention with that map plus the s
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from .feature_maps import FeatureMap, register_feature_map
-from .functional import acc, check_scale, logit_scale
+from .functional import acc, check_scale, key_count, logit_scale, mask_keys
 from .linear import LinearAttention
 from .registry import register_attention
 
@@ -37,18 +37,25 @@ def orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator)
 
 
 def performer_features(
-    x: torch.Tensor, weight: torch.Tensor, is_query: bool, scale: Optional[float] = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    is_query: bool,
+    scale: Union[float, torch.Tensor, None] = None,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """phi(x) = exp(W x' - |x'|^2 / 2 - c) / sqrt(m), x' = x sqrt(scale) (scale 1/sqrt(d): x / d^(1/4)).
 
     The stabiliser c is the exponent's max over each query row (q) or one constant over all keys and
     features of a head (k); both cancel in the attention's ratio, so no gradient flows through them
     (detached: a quarter of the backward's time went into the max's gradient). 1 / sqrt(m) joins c in the
-    exponent, saving a pass over the n x m features.
+    exponent, saving a pass over the n x m features. The keys' c is taken over the keys whose ``key_mask`` is True.
     """
     x = acc(x) * (x.shape[-1] ** -0.5 if scale is None else scale) ** 0.5
     u = x @ weight.to(x.dtype).T - x.square().sum(dim=-1, keepdim=True) / 2
-    c = u.detach().amax(dim=-1, keepdim=True) if is_query else u.detach().amax(dim=(-2, -1), keepdim=True)
+    if is_query:
+        c = u.detach().amax(dim=-1, keepdim=True)
+    else:
+        c = mask_keys(u.detach(), key_mask, float("-inf")).amax(dim=(-2, -1), keepdim=True)
     return (u - (c + 0.5 * math.log(weight.shape[0]))).exp()
 
 
@@ -61,6 +68,7 @@ class PerformerFeatureMap(FeatureMap):
     reproducible and the same on every process; eval never redraws.
     """
 
+    rope_form = "rotate"  # an unbiased estimate of softmax(R_i q . R_j k): RoPE on softmax
     seed: torch.Tensor  # buffers, registered in __init__
     step: torch.Tensor
     weight: torch.Tensor
@@ -87,12 +95,18 @@ class PerformerFeatureMap(FeatureMap):
         generator = torch.Generator().manual_seed(int(self.seed) + int(self.step))
         return orthogonal_gaussian(self.num_features, self.head_dim, generator).to(self.seed.device)
 
-    def forward(self, x: torch.Tensor, is_query: bool, scale: Optional[float] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        is_query: bool,
+        scale: Union[float, torch.Tensor, None] = None,
+        key_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         if is_query and self.training and self.redraw_interval:  # one step per (q, k) pair
             if self.step > 0 and self.step % self.redraw_interval == 0:
                 self.weight = self.draw().to(self.weight.dtype)
             self.step += 1
-        return performer_features(x, self.weight, is_query, scale)
+        return performer_features(x, self.weight, is_query, scale, key_mask)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_features={self.num_features}, redraw_interval={self.redraw_interval}"
@@ -132,9 +146,9 @@ class PerformerAttention(LinearAttention):
         self.scale_mode, self.train_tokens = scale, train_tokens or self.num_tokens
         check_scale(scale, self.train_tokens)
 
-    def features(self, q, k):
-        s = logit_scale(self.scale_mode, self.head_dim, k.shape[-2], self.train_tokens)
-        return self.phi(q, True, s), self.phi(k, False, s), "identity"
+    def features(self, q, k, key_mask=None):
+        s = logit_scale(self.scale_mode, self.head_dim, key_count(key_mask, k), self.train_tokens)
+        return self.phi(q, True, s), self.phi(k, False, s, key_mask), "identity"
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale={self.scale_mode}"

@@ -17,7 +17,8 @@ import torch
 
 from .availability import triton_available, triton_interpreting
 from . import feature_maps as _maps
-from .feature_maps import FUSED_MAPS, KERNEL_MAPS
+from .dtypes import sum_dtype
+from .feature_maps import FUSED_MAPS, KERNEL_MAPS, mask_keys
 from .naive import naive_linear_attention
 from .ops import fused_linear
 from .torch_linear import check_inputs
@@ -25,6 +26,8 @@ from .torch_linear import check_inputs
 __all__ = [
     "fused_linear_attention",
     "naive_linear_attention",
+    "check_key_mask",
+    "mask_keys",
     "triton_available",
     "triton_interpreting",
     "FUSED_IMPLS",
@@ -55,6 +58,19 @@ def _triton_refusal(q: torch.Tensor, v: torch.Tensor, feature_map: str) -> Optio
     return None
 
 
+def check_key_mask(key_mask: Optional[torch.Tensor], k: torch.Tensor) -> None:
+    """A ``key_mask`` is None or a bool tensor broadcasting to k's (B, H, Nk), else a ValueError naming the fix."""
+    if key_mask is None:
+        return
+    B, H, N = k.shape[:3]
+    fits = key_mask.dim() == 3 and all(s in (1, t) for s, t in zip(key_mask.shape[:2], (B, H)))
+    if key_mask.dtype != torch.bool or not fits or key_mask.shape[-1] != N:
+        raise ValueError(
+            f"key_mask must be a bool (B or 1, H or 1, Nk) tensor (True = the key counts) for k of shape "
+            f"{tuple(k.shape)}, got {key_mask.dtype} {tuple(key_mask.shape)}"
+        )
+
+
 def fused_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -64,6 +80,7 @@ def fused_linear_attention(
     impl: str = "auto",
     chunk: Optional[int] = None,
     use_kernel: Optional[bool] = None,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """out = phi(q) S / (phi(q).z + eps), S = sum_j phi(k_j)^T v_j, z = sum_j phi(k_j); non-causal.
 
@@ -75,6 +92,8 @@ def fused_linear_attention(
     tensors and a map of ``KERNEL_MAPS``, torch ops otherwise; True insists on the kernel, False on torch
     ops); a call that runs the Triton kernels refuses them rather than ignore them. Empty inputs (no tokens,
     heads or channels) take the torch path whatever ``impl``; with no keys the output is zeros (S = 0, z = 0).
+    ``key_mask`` (bool (B or 1, H or 1, Nk), True = the key counts): the features are computed first (fp32 or
+    wider), those of the other keys zeroed (``mask_keys``), and the kernels run them through the ``identity`` map.
     """
     if impl not in FUSED_IMPLS:
         hint = (
@@ -83,8 +102,13 @@ def fused_linear_attention(
             else ""
         )
         raise ValueError(f"unknown impl {impl!r}; choose one of {list(FUSED_IMPLS)}{hint}")
-    _maps.feature_map(feature_map)  # an unknown name: a ValueError listing the valid ones
+    phi = _maps.feature_map(feature_map)  # an unknown name: a ValueError listing the valid ones
     check_inputs(q, k, v)
+    check_key_mask(key_mask, k)
+    if key_mask is not None:
+        wide = sum_dtype(q.dtype)
+        fq, fk = phi(q.to(wide)), mask_keys(phi(k.to(wide)), key_mask)
+        return fused_linear_attention(fq, fk, v.to(wide), "identity", eps, impl, chunk, use_kernel).to(v.dtype)
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch

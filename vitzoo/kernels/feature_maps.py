@@ -18,7 +18,17 @@ from typing import Callable, Dict, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSED_MAPS", "KERNEL_MAPS", "FusedMap", "feature_map", "elu_plus_one", "relu", "taylor", "identity"]
+__all__ = [
+    "FUSED_MAPS",
+    "KERNEL_MAPS",
+    "FusedMap",
+    "feature_map",
+    "mask_keys",
+    "elu_plus_one",
+    "relu",
+    "taylor",
+    "identity",
+]
 
 TAYLOR_NORM_EPS = 1e-6
 _LOG2E = math.log2(math.e)
@@ -111,3 +121,11 @@ def feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         return FUSED_MAPS[name].value
     except (KeyError, TypeError):
         raise ValueError(f"unknown feature_map {name!r}; choose one of {sorted(FUSED_MAPS)}") from None
+
+
+def mask_keys(fk: torch.Tensor, key_mask: Optional[torch.Tensor], fill: float = 0.0) -> torch.Tensor:
+    """phi(k_j) -> ``fill`` (0) for every key j whose ``key_mask`` (bool, broadcasting to (B, H, Nk)) is False, so
+    padded keys add nothing to the sums over keys (a select, not a product: a non-finite padded feature stays out)."""
+    if key_mask is None:
+        return fk
+    return torch.where(key_mask.unsqueeze(-1), fk, fk.new_full((), fill))

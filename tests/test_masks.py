@@ -1,0 +1,143 @@
+"""Key-padding masks on the kernel (linear) attention paths: a padded batch gives each image what it gives alone.
+
+References are float64 and written from the formula: padded keys add nothing to S = sum_j phi(k_j)^T v_j and
+z = sum_j phi(k_j). The fused paths (the chunked torch path with and without the compiled CPU kernel) run masked
+features through the ``identity`` map and must equal the eager formula, gradients included.
+"""
+
+import pytest
+import torch
+
+from attention_reference import phi
+from mask_checks import images, pad_tokens, symmetric, unpad
+from vitzoo.attention import build_attention
+from vitzoo.attention import functional as AF
+from vitzoo.kernels import fused_linear_attention, naive_linear_attention
+
+GRIDS = [(3, 4), (2, 2), (4, 3)]
+
+
+def key_mask(b, h, n, seed=0):
+    keep = torch.rand(b, h, n, generator=torch.Generator().manual_seed(seed)) > 0.4
+    keep[..., 0] = True  # every row keeps a key
+    return keep
+
+
+def masked_ref(q, k, v, feature_map, keep, eps=1e-6):
+    """sum over kept keys of phi(q_i).phi(k_j) v_j / (sum over kept keys of phi(q_i).phi(k_j) + eps)."""
+    sim = (phi(q, feature_map) @ phi(k, feature_map).transpose(-2, -1)) * keep[..., None, :].double()
+    return (sim @ v.double()) / (sim.sum(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor", "identity"])
+@pytest.mark.parametrize("use_kernel", [None, False])
+def test_fused_masked_paths_match_float64_reference_with_gradients(feature_map, use_kernel):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    if feature_map == "identity":
+        q, k = q.exp(), k.exp()
+    keep = key_mask(2, 1, 37)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    ref = masked_ref(q, k, v, feature_map, keep)
+    fused = fused_linear_attention(q, k, v, feature_map, impl="torch", chunk=8, use_kernel=use_kernel, key_mask=keep)
+    naive = naive_linear_attention(q, k, v, feature_map, key_mask=keep)
+    eager = AF.linear_attention(q, k, v, feature_map, impl="eager", key_mask=keep)
+    for out in (fused, naive, eager):
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    dout = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    expected = torch.autograd.grad(ref, (q, k, v), dout)
+    for got, want in zip(torch.autograd.grad(fused, (q, k, v), dout), expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_masked_fused_fp32_equals_masked_eager_and_padding_never_leaks():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 50, 16, generator=g).requires_grad_() for _ in range(3))
+    keep = key_mask(2, 1, 50)
+    with torch.no_grad():  # padded keys with inf features: a product mask (not a select) would leak inf * 0
+        pad = ~keep[:, :, :, None].expand_as(k)
+        k.masked_fill_(pad, float("inf"))
+        v.masked_fill_(pad, 1e30)
+    fused = AF.linear_attention(q, k, v, "elu", impl="torch", key_mask=keep)
+    eager = AF.linear_attention(q, k, v, "elu", impl="eager", key_mask=keep)
+    assert torch.isfinite(fused).all()
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+    dout = torch.randn(fused.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(fused, (q, k), dout), torch.autograd.grad(eager, (q, k), dout)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_key_padding_reads_both_timm_forms_and_refuses_the_rest():
+    keys = torch.tensor([[True, True, False], [True, False, False]])[:, None, None, :]
+    assert torch.equal(AF.key_padding(keys), keys[:, :, 0])
+    assert torch.equal(AF.key_padding(symmetric(keys)), keys[:, :, 0])
+    assert AF.key_padding(None) is None
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()[None, None]
+    with pytest.raises(ValueError, match="differs from query to query.*attention='softmax'") as err:
+        AF.key_padding(causal)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="boolean attn_mask"):
+        AF.key_padding(torch.zeros(1, 1, 1, 3))
+
+
+LINEAR_SPECS = [
+    "linear",
+    "taylor",
+    {"name": "linear", "feature_map": "hedgehog"},
+    "performer",
+    {"name": "performer", "scale": "log_n"},
+    {"name": "focused_linear", "pos_embed": False},
+]
+
+
+@pytest.mark.parametrize("spec", LINEAR_SPECS, ids=str)
+@pytest.mark.parametrize("form", ["keys", "symmetric"])
+def test_padded_batch_gives_each_image_what_it_gives_alone(spec, form):
+    prefix, dim = 1, 16
+    layer = build_attention(spec, dim, num_heads=2, num_tokens=17, num_prefix_tokens=prefix, grid_size=(4, 4))
+    layer = layer.double().eval()
+    xs = images(GRIDS, prefix, dim)
+    x, mask, canvas = pad_tokens(xs, GRIDS, prefix)
+    layer.token_grid = canvas
+    out = layer(x, attn_mask=mask if form == "keys" else symmetric(mask))
+    for i, (grid, xi) in enumerate(zip(GRIDS, xs)):
+        layer.token_grid = grid
+        torch.testing.assert_close(unpad(out, i, grid, canvas, prefix), layer(xi), rtol=1e-10, atol=1e-12)
+
+
+def test_masked_probs_put_no_weight_on_padded_keys():
+    layer = build_attention("linear", 16, num_heads=2).double()
+    xs = images(GRIDS, 0, 16)
+    x, mask, _ = pad_tokens(xs, GRIDS, 0)
+    q, k, _ = layer.project(x)
+    rows = layer.probs(x, q, k, mask, False, torch.arange(x.shape[1]))
+    assert (rows.masked_select(~mask) == 0).all()
+    torch.testing.assert_close(rows.sum(-1), torch.ones_like(rows[..., 0]), rtol=1e-5, atol=0)
+
+
+def test_linear_refuses_a_query_dependent_mask_in_one_line():
+    layer = build_attention("linear", 16, num_heads=2)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    with pytest.raises(ValueError, match="differs from query to query") as err:
+        layer(torch.randn(1, 5, 16), attn_mask=mask)
+    assert "\n" not in str(err.value)
+
+
+def test_torch_export_of_a_masked_linear_forward_matches_eager():
+    layer = build_attention("linear", 16, num_heads=2).eval()
+    xs = [t.float() for t in images(GRIDS, 0, 16)]
+    x, mask, _ = pad_tokens(xs, GRIDS, 0)
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x, mask):
+            return self.layer(x, attn_mask=mask)
+
+    program = torch.export.export(Masked(), (x, mask))
+    torch.testing.assert_close(program.module()(x, mask), layer(x, attn_mask=mask), rtol=1e-6, atol=1e-6)
+    flipped = mask.clone()
+    flipped[0, ..., 3] = False  # another mask through the same program
+    torch.testing.assert_close(program.module()(x, flipped), layer(x, attn_mask=flipped), rtol=1e-6, atol=1e-6)
