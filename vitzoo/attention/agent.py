@@ -194,6 +194,7 @@ class AgentAttention(ZooAttention):
     ``scale: log_n`` counts n_a keys in softmax(Q A^T) and N in softmax(A K^T).
     """
 
+    rope_form = "rotate"  # agents pool the turned queries of their region
     no_mask = no_causal = (
         "every query reads every key through the agents; use attention='softmax' for masked or causal inputs"
     )

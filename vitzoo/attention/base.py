@@ -1,8 +1,9 @@
 """The contract every mechanism follows: a timm-compatible ``attn_layer`` on (B, N, C) tokens.
 
 ``ZooAttention`` owns what all mechanisms share -- the input projections and their head layout
-(``heads: split | projected``), qk-norm, logit noise, the output projection -- and asks its
-subclass only how tokens mix (``mix``) and what the (implied) attention matrix is (``probs``).
+(``heads: split | projected``), qk-norm, logit noise, 2-D RoPE (``rope``), the sigmoid output gate (``gate``), the
+output projection -- and asks its subclass only how tokens mix (``mix``) and what the (implied) attention matrix is
+(``probs``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "share_grid"]
+from .rope import RopeSpec, build_rope, rotate
+
+__all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 
 HEAD_MODES = ("split", "projected")
+GATES = ("channel", "head")  # the sigmoid output gate: one value per head channel, or one per head
+ROPE_FORMS = ("rotate", "decoupled")  # how a mechanism takes RoPE (ZooAttention.rope_form)
 
 
 class HeadProjection(nn.Module):
@@ -74,6 +79,10 @@ class ZooAttention(nn.Module):
     has_logits: bool = True  # False: no n x n attention matrix is ever formed (so nothing for attn_drop)
     no_mask: Optional[str] = None  # why the mechanism takes no attn_mask, and what to use (None: it takes one)
     no_causal: Optional[str] = None  # why it has no causal form, and what to use (None: it has one)
+    # How the mechanism takes ``rope``: "rotate" (q and k turned after qk-norm, before ``mix``) or "decoupled" (its
+    # ``mix`` turns its kernel features itself, via ``rope_angles``); ``no_rope`` says why it takes none instead.
+    rope_form: Optional[str] = None
+    no_rope: Optional[str] = None
 
     def __init__(
         self,
@@ -90,6 +99,8 @@ class ZooAttention(nn.Module):
         heads: str = "split",
         head_dim: Optional[int] = None,
         logit_noise: float = 0.0,
+        rope: RopeSpec = None,
+        gate: Optional[str] = None,
         dim_out: Optional[int] = None,
         num_tokens: Optional[int] = None,
         num_prefix_tokens: int = 0,
@@ -113,6 +124,10 @@ class ZooAttention(nn.Module):
             raise ValueError("qk_norm / scale_norm need a norm_layer")
         if logit_noise < 0:
             raise ValueError(f"logit_noise is a standard deviation and must be >= 0, got {logit_noise}")
+        if rope is not None and self.no_rope is not None:
+            raise ValueError(f"{type(self).__name__} takes no rope: {self.no_rope}")
+        if gate is not None and gate not in GATES:
+            raise ValueError(f"unknown gate={gate!r}; choose one of {list(GATES)} (or null for none)")
         if attn_drop > 0 and not self.has_logits:
             raise ValueError(
                 f"attn_drop={attn_drop}: {type(self).__name__} never forms the attention matrix, so it "
@@ -138,6 +153,12 @@ class ZooAttention(nn.Module):
         self.norm = norm_layer(self.attn_dim, **dd) if scale_norm and norm_layer is not None else nn.Identity()
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.rope = build_rope(rope, head_dim, num_heads, **dd)
+        # sigma(x W_g + b_g) of the layer's input: H*d values (channel) or H (head); bias as q, k, v's (timm's gate)
+        self.gate_mode = gate
+        self.out_gate = (
+            nn.Linear(dim, self.attn_dim if gate == "channel" else num_heads, bias=qkv_bias, **dd) if gate else None
+        )
         self.register_load_state_dict_pre_hook(ZooAttention._timm_qkv_names)
 
     def _timm_qkv_names(self, state_dict: dict, prefix: str, *args) -> None:
@@ -209,6 +230,11 @@ class ZooAttention(nn.Module):
             )
         return side, side
 
+    def rope_angles(self, num_tokens: int, like: torch.Tensor) -> torch.Tensor:
+        """The RoPE table of the current input's grid (``rope`` set): (H or 1, num_tokens, d/2), prefix rows 0."""
+        assert self.rope is not None
+        return self.rope.angles(self.current_grid(num_tokens), self.num_prefix_tokens, like)
+
     def project(self, x: torch.Tensor):
         """q, k, v as (B, H, N, D) (None for projections the mechanism does not use)."""
         outs = self.in_proj(x)
@@ -226,7 +252,14 @@ class ZooAttention(nn.Module):
         B, N, _ = x.shape
         q, k, v = self.project(x)
         out = attend(self, x, q, k, v, attn_mask, is_causal).transpose(1, 2).reshape(B, N, self.attn_dim)
-        return self.proj_drop(self.proj(self.norm(out)))
+        return self.output(x, out)
+
+    def output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The merged heads (B, N, H*d) through ``norm``, the sigmoid gate of the layer's input x (if any), ``proj``."""
+        out = self.norm(out)
+        if self.out_gate is not None:
+            out = gate_heads(out, self.out_gate(x), self.num_heads)
+        return self.proj_drop(self.proj(out))
 
     def __prepare_scriptable__(self):
         raise RuntimeError(
@@ -237,7 +270,14 @@ class ZooAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"
+            f", gate={self.gate_mode}"
         )
+
+
+def gate_heads(out: torch.Tensor, logits: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """out (B, N, H*d) times sigmoid(logits): (B, N, H*d) one gate per channel, or (B, N, H) one per head."""
+    gate = logits.sigmoid().unflatten(-1, (num_heads, -1))
+    return (out.unflatten(-1, (num_heads, -1)) * gate).flatten(-2)
 
 
 # Under torch.fx (torchvision's feature extractor, timm's FX features) the two functions below are leaves: the
@@ -253,8 +293,13 @@ def attend(
     attn_mask: Optional[torch.Tensor],
     is_causal: bool,
 ) -> torch.Tensor:
-    """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any."""
+    """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any; q and k
+    turned by the layer's RoPE first where it takes the ``rotate`` form."""
     layer.check_mask(attn_mask, is_causal)
+    if layer.rope is not None and layer.rope_form == "rotate":
+        assert q is not None and k is not None  # a mechanism with the rotate form projects both
+        angles = layer.rope_angles(q.shape[-2], q)
+        q, k = rotate(q, angles), rotate(k, angles)
     out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
     if layer.attention_probe is not None:
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])

@@ -1,12 +1,13 @@
-"""Decoupled RoPE for kernel attention (MLLA, RALA): the numerator mixes rotated features, the normaliser does not.
+"""Decoupled RoPE for kernel attention: the numerator mixes rotated features, the normaliser does not.
 
     o_i = (R_i f(q_i))^T S_r / (f(q_i) . z + n eps),   S_r = sum_j (R_j f(k_j)) v_j^T,   z = sum_j f(k_j)
 
-(eps is relative to the mean of the keys, as in MLLA's and RALA's code). O(n d^2) per head. The rotations
-are 2-D RoPE of the patch grid in pairs of adjacent channels; prefix (class / register) tokens are not
-rotated. Two angle tables: MLLA's (across all H*d channels before the head split, so each head turns along
-one axis) and RALA's (per head: half the pairs by row, half by column). Positions are integer grid indices
-of the input's own grid, so a larger input extrapolates (docs/mechanisms.md, sections 16 and 17).
+(eps is relative to the mean of the keys, as in MLLA's and RALA's code). O(n d^2) per head; the eager twin forms
+the n x n weights. The rotations are 2-D RoPE of the patch grid in pairs of adjacent channels (``rope.rotate``);
+prefix (class / register) tokens are not rotated. Any table of ``vitzoo.attention.rope`` works (the ``rope`` option
+of the kernel forms); MLLA and RALA also have their own: MLLA's (across all H*d channels before the head split, so
+each head turns along one axis) and RALA's (per head: half the pairs by row, half by column), with integer grid
+indices of the input's own grid, so a larger input extrapolates (docs/mechanisms.md, sections 16, 17 and 20).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import torch
 from . import functional as AF
 from .base import ZooAttention
 from .grid_conv import grid_conv
+from .rope import rotate
 
 __all__ = [
-    "rotate",
     "mlla_angles",
     "rala_angles",
+    "DECOUPLED_IMPLS",
     "decoupled_attention",
+    "decoupled_attention_eager",
+    "decoupled_linear",
     "decoupled_probs",
     "positive_features",
     "DecoupledRopeAttention",
@@ -59,13 +63,6 @@ def rala_angles(grid: Grid, prefix: int, head_dim: int, like: torch.Tensor) -> t
     return torch.cat([rows[:, None] * omega, cols[:, None] * omega], dim=-1).unsqueeze(0)
 
 
-def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Turn each pair of channels (2m, 2m+1) of x (B, H, n, d) by ``angles`` (H or 1, n, d/2)."""
-    cos, sin = angles.cos(), angles.sin()
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
-
-
 def decoupled_attention(
     fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -75,6 +72,32 @@ def decoupled_attention(
     state = rotate(fk, angles).transpose(-2, -1) @ wide
     den = fq @ fk.sum(dim=-2).unsqueeze(-1) + fk.shape[-2] * eps
     return ((rotate(fq, angles) @ state) / den).to(v.dtype)
+
+
+def decoupled_attention_eager(
+    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """``decoupled_attention``'s eager twin: the signed weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) as an
+    n x n matrix, times v."""
+    num = rotate(fq, angles) @ rotate(fk, angles).transpose(-2, -1)
+    den = fq @ fk.sum(dim=-2).unsqueeze(-1) + fk.shape[-2] * eps
+    return ((num / den) @ v.to(fq.dtype)).to(v.dtype)
+
+
+DECOUPLED_IMPLS = ("auto", "torch", "eager")  # auto and torch: the O(n) torch path; Triton has no decoupled kernel
+
+
+def decoupled_linear(
+    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float, impl: str
+) -> torch.Tensor:
+    """Decoupled RoPE on the path ``impl`` names (a kernel form's ``impl`` option: auto | torch | eager)."""
+    if impl not in DECOUPLED_IMPLS:
+        raise ValueError(
+            f"impl={impl!r} with rope: decoupled RoPE has no Triton kernel yet; use impl='auto' (its O(n) torch path)"
+        )
+    if impl == "eager":
+        return decoupled_attention_eager(fq, fk, angles, v, eps)
+    return decoupled_attention(fq, fk, angles, v, eps)
 
 
 def decoupled_probs(
@@ -94,9 +117,11 @@ def positive_features(q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, t
 
 class DecoupledRopeAttention(ZooAttention):
     """Kernel attention with decoupled RoPE plus LePE (a ``kernel_size`` depthwise conv of V on grid tokens; prefix
-    rows get none); subclasses give the features and the angle table (``features``)."""
+    rows get none); subclasses give the features and their own angle table (``features``), which a ``rope`` option
+    replaces (``angles``)."""
 
     has_logits = False
+    rope_form = "decoupled"
     no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, kernel_size: int = 3, eps: float = 1e-6, **kwargs):
@@ -108,6 +133,16 @@ class DecoupledRopeAttention(ZooAttention):
     def features(self, q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0):
         """(query features, key features, angles (H or 1, n, d/2)) in fp32 or wider."""
         raise NotImplementedError
+
+    def own_angles(self, grid: Grid, like: torch.Tensor) -> torch.Tensor:
+        """The mechanism's own table for ``grid`` (prefix rows 0): (H or 1, n, d/2) in ``like``'s dtype."""
+        raise NotImplementedError
+
+    def angles(self, fq: torch.Tensor) -> torch.Tensor:
+        """The ``rope`` option's table for the current grid if set, else the mechanism's own."""
+        if self.rope is not None:
+            return self.rope_angles(fq.shape[-2], fq)
+        return self.own_angles(self.current_grid(fq.shape[-2]), fq)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         out = decoupled_attention(*self.features(q, k, logit_noise), v, self.eps)

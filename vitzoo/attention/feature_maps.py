@@ -46,6 +46,9 @@ class FeatureMap(nn.Module):
     """
 
     fused_map: Optional[str] = None
+    # how linear attention with this map takes ``rope`` (ZooAttention.rope_form): ``decoupled`` (turned features in
+    # the numerator only) unless phi(q) . phi(k) is a function of q . k that stays >= 0 when q and k turn (``rotate``)
+    rope_form = "decoupled"
 
     def __init__(self, head_dim: int, num_heads: int = 1):
         super().__init__()
@@ -94,6 +97,7 @@ class TaylorFeatureMap(FeatureMap):
     """[1, x / |x|]: phi(q) . phi(k) = 1 + cos(q, k)."""
 
     fused_map = "taylor"
+    rope_form = "rotate"  # 1 + cos(R_i q, R_j k) depends on the offset and stays >= 0
 
     @property
     def feature_dim(self) -> int:

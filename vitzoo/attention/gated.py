@@ -1,19 +1,15 @@
 """A linear output gate: the merged head outputs times g = x W_g + b_g (no activation) before the output projection,
-as PolaFormer and RALA wire it."""
+as PolaFormer and RALA wire it. It composes with the sigmoid gate of every mechanism (``gate``), which then
+multiplies after it: proj(norm(out * g) * sigmoid(x W_s + b_s))."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-import torch.fx
 import torch.nn as nn
 
-from .base import ZooAttention, attend
+from .base import ZooAttention
 
 __all__ = ["LinearGatedAttention"]
-
-torch.fx.wrap("attend")  # a leaf when torch.fx traces this module's forward too (fx.wrap patches by module)
 
 
 class LinearGatedAttention(ZooAttention):
@@ -23,10 +19,5 @@ class LinearGatedAttention(ZooAttention):
         super().__init__(dim, num_heads, qkv_bias, *args, **kwargs)
         self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, device=kwargs.get("device"), dtype=kwargs.get("dtype"))
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
-    ) -> torch.Tensor:
-        B, N, _ = x.shape
-        q, k, v = self.project(x)
-        out = attend(self, x, q, k, v, attn_mask, is_causal).transpose(1, 2).reshape(B, N, self.attn_dim)
-        return self.proj_drop(self.proj(self.norm(out * self.gate(x))))
+    def output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return super().output(x, out * self.gate(x))

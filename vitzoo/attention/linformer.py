@@ -84,6 +84,10 @@ class LinformerAttention(GridBoundAttention):
     n x proj_len logits. ``scale`` is ``sqrt_d`` only: the softmax always has proj_len keys.
     """
 
+    no_rope = (
+        "its keys are projected along the tokens to a fixed number of rows, which have no grid position to turn "
+        "by; use attention='softmax' or 'nystrom' with rope"
+    )
     no_mask = no_causal = "each projected key mixes all tokens; use attention='softmax' for masked or causal inputs"
 
     resampled = "projections E, F"

@@ -18,7 +18,8 @@ class MllaAttention(DecoupledRopeAttention):
 
     phi = elu + 1. R is MLLA's RoPE over all H*d channels of the grid position (pairs of adjacent channels; the
     first half of the pairs turn with the row, the second with the column, so each head turns along one axis),
-    recomputed for each input's grid with integer positions; prefix tokens are not rotated. LePE is a
+    recomputed for each input's grid with integer positions; prefix tokens are not rotated. A ``rope`` option
+    replaces this table by its own (per head, docs/mechanisms.md section 20). LePE is a
     ``kernel_size`` depthwise conv of V. Logit noise is the per-key factor exp(eps_j) on phi(k_j) in numerator and
     normaliser.
     """
@@ -39,5 +40,7 @@ class MllaAttention(DecoupledRopeAttention):
         noise = AF.key_noise(k, logit_noise)
         if noise is not None:
             fk = fk * noise.exp()
-        grid = self.current_grid(q.shape[-2])
-        return fq, fk, mlla_angles(grid, self.num_prefix_tokens, self.num_heads, self.head_dim, fq)
+        return fq, fk, self.angles(fq)
+
+    def own_angles(self, grid, like):
+        return mlla_angles(grid, self.num_prefix_tokens, self.num_heads, self.head_dim, like)

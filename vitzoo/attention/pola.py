@@ -80,6 +80,10 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
     (``interpolate``). Logit noise is the per-key factor exp(eps_j) on phi(k_j), shared by both streams.
     """
 
+    no_rope = (
+        "its polarity streams split q and k by sign before the kernel, and a decoupled form over them is not "
+        "implemented; use attention='linear' or 'mlla' with rope"
+    )
     has_logits = False
     no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
     no_causal = "its conv and key positions see both sides; use attention='linear' with causal: true"

@@ -31,8 +31,9 @@ class RalaAttention(LinearGatedAttention, DecoupledRopeAttention):
 
     phi = elu + 1, k' the query-aware keys; R is RALA's per-head RoPE (pairs of channels [0, d/2) by row, [d/2, d)
     by column, exponents linspace(0, 1, d/4)), recomputed for each input's grid with integer positions; prefix tokens
-    are not rotated and count in the mean query. LePE is a ``kernel_size`` depthwise conv of V (RALA: 5); g a
-    linear gate (no activation). Logit noise is Gaussian noise on the key-weighting softmax's logits.
+    are not rotated and count in the mean query; a ``rope`` option replaces this table by its own. LePE is a
+    ``kernel_size`` depthwise conv of V (RALA: 5); g a linear gate (no activation). Logit noise is Gaussian noise on
+    the key-weighting softmax's logits.
     """
 
     no_causal = (
@@ -50,4 +51,7 @@ class RalaAttention(LinearGatedAttention, DecoupledRopeAttention):
     def features(self, q, k, logit_noise: float = 0.0):
         fq, fk = positive_features(q, k)
         fk = query_aware_keys(fq, fk, AF.key_noise(k, logit_noise))
-        return fq, fk, rala_angles(self.current_grid(q.shape[-2]), self.num_prefix_tokens, self.head_dim, fq)
+        return fq, fk, self.angles(fq)
+
+    def own_angles(self, grid, like):
+        return rala_angles(grid, self.num_prefix_tokens, self.head_dim, like)

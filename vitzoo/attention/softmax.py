@@ -17,6 +17,8 @@ __all__ = ["SoftmaxAttention"]
 class SoftmaxAttention(ZooAttention):
     """softmax(q k^T * scale) v; ``fused`` uses SDPA, the eager twin materialises the matrix."""
 
+    rope_form = "rotate"
+
     def __init__(
         self,
         dim: int,

@@ -236,6 +236,7 @@ class SynthesizerAttention(GridBoundAttention):
     ``interpolate`` resamples B at another token layout (``GridBoundAttention``).
     """
 
+    no_rope = "it has no queries and keys to rotate (its weights are synthesised or learned per position)"
     projections: Sequence[str] = ("v",)
     synth: nn.Module  # the logit generator, set by the subclass
 

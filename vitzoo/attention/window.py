@@ -169,6 +169,7 @@ class WindowAttention(ZooAttention):
     (window keys + prefix); its reference is a full window at the build grid.
     """
 
+    rope_form = "rotate"  # positions on the whole grid: each window's scores see offsets
     no_mask = no_causal = "its mask is the window partition; use attention='softmax' for masked or causal inputs"
 
     def __init__(

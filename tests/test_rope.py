@@ -1,0 +1,288 @@
+"""2-D RoPE (``rope: axial | mixed | dinov3``): the angle tables against timm's and against float64 formulas, the
+rotate form (softmax family: scores depend only on offsets) and the decoupled form (kernel forms: a float64 O(n^2)
+reference, the O(n) path against its eager twin with gradients), prefix tokens unrotated, every mechanism taking
+RoPE or refusing it in one line, and new resolutions without resampling."""
+
+import math
+
+import pytest
+import torch
+from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
+
+import vitzoo
+from vitzoo.attention import list_attentions
+from vitzoo.attention.base import ROPE_FORMS
+from vitzoo.attention.decoupled import decoupled_attention, decoupled_attention_eager
+from vitzoo.attention.rope import build_rope, rotate
+
+from attention_reference import module_out, module_qkv, phi, softmax_ref
+from mech_checks import build
+from recent_checks import rotate_complex
+
+D, H = 8, 2  # head_dim, heads
+GRIDS = [(3, 5), (4, 4)]
+
+
+def interleaved(angles):
+    """(..., d/2) -> (sin, cos) in timm's interleaved (..., d) layout."""
+    return angles.sin().repeat_interleave(2, -1), angles.cos().repeat_interleave(2, -1)
+
+
+def assert_table(angles, timm_embed, atol=2e-5):
+    sin, cos = timm_embed.chunk(2, -1)
+    got_sin, got_cos = interleaved(angles)
+    assert torch.allclose(got_sin, sin, atol=atol) and torch.allclose(got_cos, cos, atol=atol)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+@pytest.mark.parametrize("base, offset, ref", [(10000.0, 0.0, None), (100.0, 1.0, None), (10000.0, 0.0, (4, 4))])
+def test_axial_table_is_timms_rotary_embedding_cat(grid, indexing, base, offset, ref):
+    rope = build_rope({"name": "axial", "base": base, "indexing": indexing, "offset": offset, "ref_grid": ref}, D, H)
+    timm_rope = RotaryEmbeddingCat(
+        D, temperature=base, in_pixels=False, grid_indexing=indexing, grid_offset=offset, ref_feat_shape=ref
+    )
+    assert_table(rope.angles(grid, 0, torch.zeros(())), timm_rope.get_embed(list(grid)))
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+def test_mixed_table_and_init_are_timms_rotary_embedding_mixed(grid, indexing):
+    torch.manual_seed(3)
+    timm_rope = RotaryEmbeddingMixed(H * D, depth=1, num_heads=H, temperature=10.0, grid_indexing=indexing)
+    torch.manual_seed(3)
+    rope = build_rope({"name": "mixed", "indexing": indexing}, D, H)
+    assert torch.allclose(rope.freqs, timm_rope.freqs[:, 0])  # the same initial frequencies from the same draw
+    assert_table(rope.angles(grid, 0, torch.zeros(())), timm_rope.get_embed(list(grid))[0].detach())
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("normalize", ["separate", "min", "max"])
+@pytest.mark.parametrize("indexing, offset", [("ij", 0.0), ("xy", 0.25)])
+def test_dinov3_table_is_timms_rotary_embedding_dinov3(grid, normalize, indexing, offset):
+    opts = {"name": "dinov3", "normalize": normalize, "indexing": indexing, "offset": offset}
+    rope = build_rope(opts, D, H)
+    timm_rope = RotaryEmbeddingDinoV3(
+        D, temperature=100.0, normalize_coords=normalize, grid_indexing=indexing, grid_offset=offset, rotate_half=False
+    )
+    assert_table(rope.angles(grid, 0, torch.zeros(())), timm_rope.get_embed(list(grid)))
+
+
+def formula_table(name, grid, freqs=None, base=None, ref=None):
+    """theta (H or 1, h*w, d/2) in float64 straight from docs/mechanisms.md section 20 ('ij' indexing)."""
+    h, w = grid
+    out = torch.zeros(H if name == "mixed" else 1, h * w, D // 2, dtype=torch.float64)
+    for n in range(h * w):
+        t = [float(n // w), float(n % w)]
+        if name == "axial" and ref is not None:
+            t = [t[0] * ref[0] / h, t[1] * ref[1] / w]
+        if name == "dinov3":
+            t = [2 * (t[0] + 0.5) / h - 1, 2 * (t[1] + 0.5) / w - 1]
+        for m in range(D // 2):
+            axis, band = divmod(m, D // 4)
+            if name == "axial":
+                out[0, n, m] = t[axis] * base ** (-band / (D / 4))
+            elif name == "dinov3":
+                out[0, n, m] = 2 * math.pi * t[axis] / base ** (4 * band / D)
+            else:
+                out[:, n, m] = t[0] * freqs[0, :, m] + t[1] * freqs[1, :, m]
+    return out
+
+
+@pytest.mark.parametrize("spec", [{"name": "axial", "base": 100.0, "ref_grid": (6, 2)}, "mixed", "dinov3"])
+def test_tables_match_float64_formulas_with_prefix_rows_zero(spec):
+    rope = build_rope(spec, D, H).double()
+    name, grid = rope.name, (3, 4)
+    want = formula_table(name, grid, rope.freqs, rope.base, rope.ref_grid)
+    got = rope.angles(grid, 2, torch.zeros((), dtype=torch.float64))
+    assert got.dtype == torch.float64 and got.shape[-2:] == (2 + 12, D // 2)
+    assert torch.equal(got[:, :2], torch.zeros_like(got[:, :2]))  # prefix tokens: no rotation
+    assert torch.allclose(got[:, 2:], want, rtol=0, atol=1e-12)
+
+
+def test_per_image_positions_give_each_images_table():
+    """The batched form: positions of two grids padded into (B, n, 2) give each image's own table."""
+    rope = build_rope("dinov3", D, H)
+    like = torch.zeros(())
+    a, b = rope.positions((2, 3), like), rope.positions((3, 3), like)
+    batch = torch.stack([torch.cat([a, a.new_zeros(3, 2)]), b])
+    table = rope.angles_from(batch)
+    assert table.shape == (2, 1, 9, D // 2)
+    assert torch.equal(table[0, :, :6], rope.angles((2, 3), 0, like))
+    assert torch.equal(table[1], rope.angles((3, 3), 0, like))
+
+
+def test_rotate_is_the_complex_rotation_and_keeps_dtype():
+    x, angles = torch.randn(2, H, 5, D, dtype=torch.float64), torch.randn(H, 5, D // 2, dtype=torch.float64)
+    assert torch.allclose(rotate(x, angles), rotate_complex(x, angles), atol=1e-12)
+    assert rotate(x.half(), angles.float()).dtype == torch.half
+
+
+@pytest.mark.parametrize("spec", ["axial", "mixed", "dinov3"])
+def test_rotated_scores_depend_only_on_the_offset(spec):
+    """Shift test: with the same q and k at every position, (R_i q).(R_j k) is a function of p_j - p_i alone."""
+    rope = build_rope(spec, D, H).double()
+    grid = (4, 5)
+    angles = rope.angles(grid, 0, torch.zeros((), dtype=torch.float64))
+    q, k = torch.randn(1, H, 1, D, dtype=torch.float64), torch.randn(1, H, 1, D, dtype=torch.float64)
+    n = grid[0] * grid[1]
+    scores = rotate(q.expand(1, H, n, D), angles) @ rotate(k.expand(1, H, n, D), angles).transpose(-2, -1)
+    seen = {}
+    for i in range(n):
+        for j in range(n):
+            offset = (j // grid[1] - i // grid[1], j % grid[1] - i % grid[1])
+            ref = seen.setdefault(offset, scores[0, :, i, j])
+            assert torch.allclose(scores[0, :, i, j], ref, atol=1e-10)
+    assert len(seen) == (2 * grid[0] - 1) * (2 * grid[1] - 1)
+
+
+@pytest.mark.parametrize("rope", ["axial", "mixed", "dinov3"])
+def test_softmax_with_rope_is_the_float64_reference(rope):
+    layer = build({"name": "softmax", "rope": rope}, dim=16, num_heads=H, tokens=17, prefix=1).double()
+    x = torch.randn(2, 17, 16, dtype=torch.float64)
+    q, k, v = module_qkv(layer, x)
+    angles = layer.rope.angles((4, 4), 1, x)
+    want = module_out(layer, softmax_ref(rotate_complex(q, angles), rotate_complex(k, angles), v)[0])
+    assert torch.allclose(layer(x), want, atol=1e-10)
+    # the class token's q and k are not turned: its scores with itself are the plain ones
+    assert torch.allclose(rotate_complex(q, angles)[:, :, 0], q[:, :, 0])
+
+
+def decoupled_ref(fq, fk, v, angles, eps):
+    """o_i = sum_j (R_i fq_i).(R_j fk_j) v_j / (fq_i . sum_j fk_j + n eps), in float64 through the n x n matrix."""
+    num = rotate_complex(fq, angles) @ rotate_complex(fk, angles).transpose(-2, -1)
+    den = fq.double() @ fk.double().sum(-2).unsqueeze(-1) + fk.shape[-2] * eps
+    return (num / den) @ v.double()
+
+
+@pytest.mark.parametrize("spec", ["linear", {"name": "linear", "feature_map": "relu"}, "focused_linear"])
+def test_kernel_forms_take_decoupled_rope_as_the_float64_reference(spec):
+    spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+    layer = build({**spec, "rope": "axial"}, dim=16, num_heads=H, tokens=17, prefix=1).double()
+    assert layer.rope_form == "decoupled"
+    x = torch.randn(2, 17, 16, dtype=torch.float64)
+    q, k, v = module_qkv(layer, x)
+    fq, fk, name = layer.features(q, k)
+    heads = decoupled_ref(phi(fq, name), phi(fk, name), v, layer.rope.angles((4, 4), 1, x), layer.eps)
+    if spec["name"] == "focused_linear":
+        heads = heads + layer.dwc.over_grid(v, (4, 4), 1)
+    assert torch.allclose(layer(x), module_out(layer, heads), atol=1e-10)
+
+
+def test_decoupled_o_n_path_equals_its_eager_twin_with_gradients():
+    g = torch.Generator().manual_seed(0)
+    fq, fk = (torch.rand(2, H, 13, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    v = torch.randn(2, H, 13, D, generator=g, dtype=torch.float64, requires_grad=True)
+    angles = build_rope("mixed", D, H).double().angles((3, 4), 1, v)
+    fused, eager = decoupled_attention(fq, fk, angles, v), decoupled_attention_eager(fq, fk, angles, v)
+    assert torch.allclose(fused, eager, atol=1e-12)
+    assert torch.allclose(fused, decoupled_ref(fq, fk, v, angles, 1e-6), atol=1e-12)
+    w = torch.randn_like(fused)
+    grads = [torch.autograd.grad((out * w).sum(), (fq, fk, v)) for out in (fused, eager)]
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_linear_layer_auto_and_eager_impls_agree_with_gradients():
+    x = torch.randn(2, 17, 16)
+    layers = [
+        build({"name": "linear", "rope": "mixed", "impl": impl}, tokens=17, prefix=1) for impl in ("auto", "eager")
+    ]
+    layers[1].load_state_dict(layers[0].state_dict())
+    outs = [m(x) for m in layers]
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    for out in outs:
+        out.square().sum().backward()
+    assert torch.allclose(layers[0].rope.freqs.grad, layers[1].rope.freqs.grad, atol=1e-4)
+    assert layers[0].rope.freqs.grad.abs().sum() > 0  # mixed frequencies learn
+
+
+def test_mlla_and_rala_take_the_rope_option_in_place_of_their_own_table():
+    for name in ("mlla", "rala"):
+        layer = build({"name": name, "rope": "dinov3"}, dim=16, num_heads=H, tokens=16)
+        fq = torch.rand(1, H, 16, D)
+        assert torch.equal(layer.angles(fq), layer.rope.angles((4, 4), 0, fq))
+        own = build(name, dim=16, num_heads=H, tokens=16)
+        assert torch.equal(own.angles(fq), own.own_angles((4, 4), fq))
+
+
+def test_every_mechanism_takes_rope_or_refuses_it_in_one_line():
+    for name in list_attentions():
+        try:
+            layer = build({"name": name, "rope": "axial"}, dim=16, num_heads=H, tokens=17, prefix=1)
+        except ValueError as err:
+            assert "takes no rope: " in str(err) and "\n" not in str(err), name
+            assert type(build(name, dim=16, num_heads=H, tokens=17, prefix=1)).no_rope, name
+            continue
+        assert layer.no_rope is None and layer.rope_form in ROPE_FORMS, name
+        assert layer(torch.randn(1, 17, 16)).shape == (1, 17, 16)
+
+
+@pytest.mark.parametrize(
+    "spec, fix",
+    [
+        ("spiral", "choose one of"),
+        ({"name": "axial", "temperature": 5}, "valid options"),
+        ({"name": "mixed", "ref_grid": (4, 4)}, "valid options"),
+        ({"name": "axial", "indexing": "yx"}, "indexing"),
+        ({"name": "dinov3", "normalize": "mean"}, "normalize"),
+        ({"name": "axial", "base": 0}, "base"),
+    ],
+)
+def test_bad_rope_specs_are_one_line_errors(spec, fix):
+    with pytest.raises(ValueError, match=fix) as err:
+        build({"name": "softmax", "rope": spec}, dim=16, num_heads=H, tokens=16)
+    assert "\n" not in str(err.value)
+
+
+def test_rope_needs_a_head_dim_divisible_by_4_and_head_wide_features():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        build({"name": "softmax", "rope": "axial"}, dim=12, num_heads=2, tokens=16)
+    with pytest.raises(ValueError, match="num_features"):
+        build({"name": "linear", "rope": "axial", "feature_map": {"name": "hedgehog", "num_features": 2}}, tokens=16)
+    with pytest.raises(ValueError, match="no causal form yet"):
+        build({"name": "linear", "rope": "axial", "causal": True}, tokens=16)
+
+
+def test_rope_mixed_frequencies_are_one_parameter_per_block_and_head():
+    model = vitzoo.create_model(
+        "vit_tiny",
+        attention={"name": "softmax", "rope": "mixed"},
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
+    )
+    freqs = [block.attn.rope.freqs for block in model.blocks]
+    assert all(isinstance(f, torch.nn.Parameter) and f.shape == (2, 2, 8) for f in freqs)
+    assert not torch.equal(freqs[0], freqs[1])  # each block draws its own directions
+
+
+@pytest.mark.parametrize("spec", [{"name": "softmax", "rope": "axial"}, {"name": "linear", "rope": "dinov3"}])
+def test_larger_inputs_run_without_resampling(spec):
+    """1.5x and 2x the build resolution: the tables follow the input's grid; nothing is resampled."""
+    torch.manual_seed(0)
+    model = vitzoo.create_model(
+        "vit_tiny",
+        attention=spec,
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        num_classes=3,
+        pos_embed="none",
+    ).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for size in (48, 64):
+        assert torch.isfinite(model(torch.randn(2, 3, size, size))).all()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    table = model.blocks[0].attn.rope_angles(1 + 64, torch.zeros(()))
+    assert table.shape[-2] == 1 + 64  # the 8 x 8 grid of the 64 px input
+
+
+def test_rope_is_none_by_default():
+    layer = build("softmax", tokens=16)
+    assert layer.rope is None and layer.out_gate is None
