@@ -87,6 +87,12 @@ LINEAR_SPECS = [
     "performer",
     {"name": "performer", "scale": "log_n"},
     {"name": "focused_linear", "pos_embed": False},
+    "efficient",
+    {"name": "hydra", "rescale": True},
+    "inline",
+    {"name": "nystrom", "num_landmarks": 3},
+    {"name": "nystrom", "num_landmarks": 3, "scale": "log_n"},
+    {"name": "nystrom", "num_landmarks": 64},
 ]
 
 

@@ -13,15 +13,15 @@ __all__ = ["EfficientAttention"]
 class EfficientAttention(ZooAttention):
     """softmax over channels of each query times (softmax over tokens of each key channel)^T v.
 
-    Logit noise is one eps_j per key added to all its channels before the softmax over tokens.
+    Logit noise is one eps_j per key added to all its channels before the softmax over tokens. A key-padding
+    ``attn_mask`` leaves the padded keys out of the softmax over tokens.
     """
 
     has_logits = False
-    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
     no_causal = "it has no causal form; use attention='linear' with causal: true"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        return AF.efficient_attention(q, k, v, logit_noise=logit_noise)
+        return AF.efficient_attention(q, k, v, logit_noise, AF.key_padding(attn_mask))
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        return AF.efficient_probs(q[:, :, query_index], k)
+        return AF.efficient_probs(q[:, :, query_index], k, key_mask=AF.key_padding(attn_mask))

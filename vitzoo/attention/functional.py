@@ -41,6 +41,7 @@ __all__ = [
     "key_padding",
     "mask_keys",
     "key_count",
+    "eager_checks",
     "LINEAR_IMPLS",
     "acc",
     "key_noise",
@@ -158,19 +159,21 @@ def key_padding(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
     Takes timm's boolean form (True = attend): (B, 1, 1, Nk) for keys alone, or (B, 1, Nq, Nk) whose rows are each
     either that key row or all False (a padded query, as timm's NaFlex ``create_attention_mask`` builds it). A mask
-    that differs by query, or an additive float one, is a ValueError: O(n) forms never form the n x n matrix. Under
+    that differs by query or by head, or an additive float one, is a ValueError: O(n) forms never form the n x n
+    matrix, and padding belongs to an image, not a head. Under
     torch.compile / torch.export and the tracing exporters the rows are not compared (a data-dependent check).
     """
     if attn_mask is None:
         return None
-    if attn_mask.dtype != torch.bool or not 2 <= attn_mask.dim() <= 4:
+    one_head = attn_mask.dim() < 4 or attn_mask.shape[1] == 1
+    if attn_mask.dtype != torch.bool or not 2 <= attn_mask.dim() <= 4 or not one_head:
         raise ValueError(
             f"an O(n) mechanism takes a boolean attn_mask (B, 1, 1, N) or (B, 1, N, N) with True = attend, got "
             f"{attn_mask.dtype} {tuple(attn_mask.shape)}; pass key padding as a bool mask, or use attention='softmax'"
         )
     attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + attn_mask.shape)  # (N, N) broadcasts as SDPA's
     keys = attn_mask.any(dim=-2, keepdim=True) if attn_mask.shape[-2] > 1 else attn_mask
-    if attn_mask.shape[-2] > 1 and not (torch.compiler.is_compiling() or graph_capture()):
+    if attn_mask.shape[-2] > 1 and eager_checks():
         rows_ok = (attn_mask == keys) | ~attn_mask.any(dim=-1, keepdim=True)
         if not bool(rows_ok.all()):
             raise ValueError(
@@ -178,6 +181,12 @@ def key_padding(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
                 "row the same keys, or none for a padded query); use attention='softmax' for other masks"
             )
     return keys.squeeze(-2)
+
+
+def eager_checks() -> bool:
+    """Whether checks that read tensor values may run: not under torch.compile / torch.export or a tracing exporter,
+    which cannot branch on data."""
+    return not (torch.compiler.is_compiling() or graph_capture())
 
 
 def key_count(key_mask: Optional[torch.Tensor], like: torch.Tensor) -> Union[int, torch.Tensor]:
@@ -351,24 +360,33 @@ def taylor_attention(
     return linear_attention(q, k, v, "taylor", eps, impl, causal, logit_noise)
 
 
-def efficient_probs(q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0) -> torch.Tensor:
+def efficient_probs(
+    q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0, key_mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """The implied matrix softmax_D(q) softmax_N(k)^T of Efficient Attention; rows sum to 1."""
-    qs, ks = _efficient_factors(q, k, logit_noise)
+    qs, ks = _efficient_factors(q, k, logit_noise, key_mask)
     return qs @ ks.transpose(-2, -1)
 
 
-def _efficient_factors(q, k, logit_noise: float):
+def _efficient_factors(q, k, logit_noise: float, key_mask: Optional[torch.Tensor] = None):
     logits = acc(k)
     noise = key_noise(k, logit_noise)
     if noise is not None:
         logits = logits + noise  # the same eps_j on every channel of key j
-    return acc(q).softmax(dim=-1), logits.softmax(dim=-2)
+    return acc(q).softmax(dim=-1), mask_keys(logits, key_mask, float("-inf")).softmax(dim=-2)
 
 
-def efficient_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0) -> torch.Tensor:
-    """Efficient Attention (Shen et al.): softmax_D(q) (softmax_N(k)^T v).
+def efficient_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    logit_noise: float = 0.0,
+    key_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Efficient Attention (Shen et al.): softmax_D(q) (softmax_N(k)^T v); the softmax over tokens runs over the keys
+    of ``key_mask``.
 
     Not the exp(k) shortcut with a separate denominator (docs/mechanisms.md).
     """
-    qs, ks = _efficient_factors(q, k, logit_noise)
+    qs, ks = _efficient_factors(q, k, logit_noise, key_mask)
     return (qs @ (ks.transpose(-2, -1) @ acc(v))).to(v.dtype)

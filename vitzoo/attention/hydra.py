@@ -4,7 +4,7 @@ The mathematics: docs/mechanisms.md section 11.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -22,21 +22,27 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 
 def hydra_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_noise: float = 0.0, sum_scale: float = 1.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    logit_noise: float = 0.0,
+    sum_scale: Union[float, torch.Tensor] = 1.0,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """out = phi(Q) * (sum_scale * sum_t phi(K_t) * V_t), channel by channel; logit noise is the factor exp(eps_t)
-    on phi(K_t)."""
+    """out = phi(Q) * (sum_scale * sum_t phi(K_t) * V_t), channel by channel, the sum over the keys of ``key_mask``;
+    logit noise is the factor exp(eps_t) on phi(K_t)."""
     fk = _unit(k)
     noise = AF.key_noise(k, logit_noise)
     if noise is not None:
         fk = fk * noise.exp()
+    fk = AF.mask_keys(fk, key_mask)
     return (_unit(q) * ((fk * AF.acc(v)).sum(dim=-2, keepdim=True) * sum_scale)).to(v.dtype)
 
 
-def hydra_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def hydra_probs(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Each key's share of a query's mix in a head: sum over its channels of |phi(q_i)_c phi(k_t)_c|, rows
     normalised (the per-channel weights are signed and unnormalised, docs/mechanisms.md)."""
-    return AF.kernel_probs(_unit(q).abs(), _unit(k).abs(), "identity", eps=1e-12)
+    return AF.kernel_probs(_unit(q).abs(), _unit(k).abs(), "identity", eps=1e-12, key_mask=key_mask)
 
 
 @register_attention("hydra")
@@ -46,11 +52,11 @@ class HydraAttention(ZooAttention):
     ``num_heads`` / ``heads`` / ``head_dim`` shape the projections and group channels for ``probs``;
     phi normalises over all H*D channels of a token, as in the paper. ``rescale``: multiply the shared sum by
     ``train_tokens / n`` (default: the tokens the model was built for), so its size does not grow with the
-    input's token count; the factor is 1 at the training size, so training and the weights are unchanged.
+    input's token count; the factor is 1 at the training size, so training and the weights are unchanged. A
+    key-padding ``attn_mask`` leaves the padded keys out of the sum (and out of n).
     """
 
     has_logits = False
-    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
     no_causal = "it has no causal form here; use attention='linear' with causal: true"
 
     def __init__(
@@ -67,7 +73,9 @@ class HydraAttention(ZooAttention):
             )
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        return hydra_attention(q, k, v, logit_noise, self.train_tokens / k.shape[-2] if self.rescale else 1.0)
+        keys = AF.key_padding(attn_mask)
+        sum_scale = self.train_tokens / AF.key_count(keys, k) if self.rescale else 1.0
+        return hydra_attention(q, k, v, logit_noise, sum_scale, keys)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        return hydra_probs(q[:, :, query_index], k)
+        return hydra_probs(q[:, :, query_index], k, AF.key_padding(attn_mask))

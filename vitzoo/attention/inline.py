@@ -24,12 +24,13 @@ def _key_weights(k: torch.Tensor, noise: Optional[torch.Tensor]) -> torch.Tensor
 
 
 def _inline_features(
-    q: torch.Tensor, k: torch.Tensor, noise: Optional[torch.Tensor]
+    q: torch.Tensor, k: torch.Tensor, noise: Optional[torch.Tensor], key_mask: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Kernel features whose normalised attention is InLine's: [1, tau q_i] and e_j [1, k_j - kbar], kbar the
-    e-weighted key mean, so sum_j e_j (k_j - kbar) = 0 and the normaliser is sum_j e_j exactly."""
-    q, k = AF.acc(q), AF.acc(k)
-    e = _key_weights(k, noise)
+    e-weighted key mean, so sum_j e_j (k_j - kbar) = 0 and the normaliser is sum_j e_j exactly (e_j = 0 for the keys
+    ``key_mask`` leaves out)."""
+    q, k = AF.acc(q), AF.mask_keys(AF.acc(k), key_mask)
+    e = AF.mask_keys(_key_weights(k, noise), key_mask)
     kbar = (e * k).sum(-2, keepdim=True) / e.sum(-2, keepdim=True)
     tau = q.shape[-1] ** -0.5
     ones = torch.ones_like(q[..., :1])
@@ -37,17 +38,23 @@ def _inline_features(
 
 
 def inline_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, noise: Optional[torch.Tensor] = None, impl: str = "auto"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    noise: Optional[torch.Tensor] = None,
+    impl: str = "auto",
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """o_i = sum_j w_ij v_j, w_ij = 1/n + (tau/n) (q_i.k_j - q_i.kbar), i.e. o_i = vbar + tau q_i^T Cov(k, v), by
-    the kernel path (``noise``: per-key log-factors eps_j weighting key j by exp(eps_j) in every mean)."""
-    fq, fk = _inline_features(q, k, noise)
+    the kernel path (``noise``: per-key log-factors eps_j weighting key j by exp(eps_j) in every mean; the means run
+    over the keys of ``key_mask``)."""
+    fq, fk = _inline_features(q, k, noise, key_mask)
     return AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", 0.0, impl).to(v.dtype)
 
 
-def inline_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def inline_probs(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """|w_ij| with rows normalised: each key's share of a query's mix (the weights themselves are signed)."""
-    fq, fk = _inline_features(q, k, None)
+    fq, fk = _inline_features(q, k, None, key_mask)
     weight = (fq @ fk.transpose(-2, -1)).abs()
     return weight / weight.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight.dtype).tiny)
 
@@ -73,11 +80,11 @@ class InLineAttention(ZooAttention):
     layer's input over all tokens (a grouped 1x1 map per head, GELU, another to 9 values per channel; groups by
     head), with zero padding and no bias; prefix (class / register) tokens are queries and keys of the attention
     term and count in the mean, but get no residual. No denominator, so no eps; logit noise weights key j by
-    exp(eps_j) in every mean over keys (rows still sum to 1).
+    exp(eps_j) in every mean over keys (rows still sum to 1). A key-padding ``attn_mask`` leaves the padded tokens out
+    of every mean (keys and the kernel generator's) and shows them to the conv as 0.
     """
 
     has_logits = False
-    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
     no_causal = "its residual conv sees both sides; use attention='linear' with causal: true"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, residual: bool = True, impl: str = "auto", **kwargs):
@@ -101,22 +108,24 @@ class InLineAttention(ZooAttention):
             else None
         )
 
-    def residual(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The local residual of every token (B, H, n, d); prefix rows 0."""
         B, H, N, D = v.shape
         prefix, grid = self.num_prefix_tokens, self.current_grid(N)
         assert self.kernel_gen is not None  # called only with residual=True
-        kernels = self.kernel_gen(x.mean(dim=1).unsqueeze(-1)).reshape(B, H * D, 3, 3)
-        images = v[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, *grid)
+        mean = x.mean(dim=1) if key_mask is None else AF.mask_keys(x, key_mask[:, 0]).sum(1) / key_mask.sum(-1)
+        kernels = self.kernel_gen(mean.unsqueeze(-1)).reshape(B, H * D, 3, 3)
+        images = AF.mask_keys(v, key_mask)[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, *grid)
         out = dynamic_depthwise(images, kernels.to(images.dtype)).reshape(B, H, D, N - prefix).transpose(-2, -1)
         return torch.cat([v.new_zeros(B, H, prefix, D), out], dim=2)
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        out = inline_attention(q, k, v, AF.key_noise(k, logit_noise), self.impl)
-        return out if self.kernel_gen is None else out + self.residual(x, v)
+        keys = AF.key_padding(attn_mask)
+        out = inline_attention(q, k, v, AF.key_noise(k, logit_noise), self.impl, keys)
+        return out if self.kernel_gen is None else out + self.residual(x, v, keys)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        return inline_probs(q[:, :, query_index], k)
+        return inline_probs(q[:, :, query_index], k, AF.key_padding(attn_mask))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", residual={self.kernel_gen is not None}, impl={self.impl}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn as nn
@@ -15,15 +15,22 @@ from .registry import register_attention
 __all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_means", "iterative_pinv"]
 
 
-def segment_means(x: torch.Tensor, num_segments: int) -> torch.Tensor:
+def segment_means(x: torch.Tensor, num_segments: int, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(..., N, D) -> (..., m, D), the official layout: the first m - (N mod m) segments hold floor(N / m)
-    consecutive tokens, the last N mod m hold one more (needs m <= N)."""
-    n = x.shape[-2]
+    consecutive tokens, the last N mod m hold one more (needs m <= N). Under ``key_mask`` ((B or 1, 1, N) bool)
+    N counts each image's tokens of the mask, taken in order, and the others join no segment."""
+    if key_mask is None:
+        n: Union[int, torch.Tensor] = x.shape[-2]
+        i = torch.arange(x.shape[-2], device=x.device)
+    else:
+        n = key_mask.sum(-1, keepdim=True)
+        i = key_mask.cumsum(-1) - 1  # each kept token's place among the kept ones
     short = n // num_segments
     cut = (num_segments - n % num_segments) * short  # tokens in the short segments
-    i = torch.arange(n, device=x.device)
     segment = torch.where(i < cut, i // short, num_segments - n % num_segments + (i - cut) // (short + 1))
-    average = F.one_hot(segment, num_segments).T.to(x.dtype)
+    average = F.one_hot(segment.clamp_min(0), num_segments).transpose(-2, -1).to(x.dtype)
+    if key_mask is not None:
+        average = average * key_mask.unsqueeze(-2)
     return (average / average.sum(-1, keepdim=True)) @ x
 
 
@@ -47,16 +54,20 @@ def _softmax(logits: torch.Tensor, logit_noise: float) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
-def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_scale, logit_noise: float):
-    """softmax(Q K~^T), pinv(softmax(Q~ K~^T)), softmax(Q~ K^T), noise drawn in that order."""
+def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_scale, logit_noise: float, key_mask):
+    """softmax(Q K~^T), pinv(softmax(Q~ K~^T)), softmax(Q~ K^T), noise drawn in that order; landmarks and the keys
+    of the last softmax from the tokens of ``key_mask``."""
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else scale
     landmark_scale = d**-0.5 if landmark_scale is None else landmark_scale
-    q, k = AF.acc(q), AF.acc(k)
-    ql, kl = segment_means(q, num_landmarks), segment_means(k, num_landmarks)
+    q, k = AF.acc(q), AF.mask_keys(AF.acc(k), key_mask)
+    ql, kl = segment_means(q, num_landmarks, key_mask), segment_means(k, num_landmarks, key_mask)
     f = _softmax((q * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
     a = _softmax((ql * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
-    b = _softmax((ql * scale) @ k.transpose(-2, -1), logit_noise)
+    logits = (ql * scale) @ k.transpose(-2, -1)
+    if key_mask is not None:
+        logits = logits.masked_fill(~key_mask.unsqueeze(-2), float("-inf"))
+    b = _softmax(logits, logit_noise)
     return f, iterative_pinv(a, pinv_iterations), b
 
 
@@ -69,16 +80,19 @@ def nystrom_attention(
     scale: Optional[float] = None,
     landmark_scale: Optional[float] = None,
     logit_noise: float = 0.0,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V in O(n m d + m^3) per head; with m >= n (every
     token its own landmark) exact softmax(Q K^T) V, as the official code.
 
     ``scale`` multiplies the logits of the softmax over the n keys, ``landmark_scale`` those over the
-    m landmark keys (both default 1/sqrt(d)); ``logit_noise`` adds independent noise to all three.
+    m landmark keys (both default 1/sqrt(d)); ``logit_noise`` adds independent noise to all three. ``key_mask``
+    ((B or 1, 1, N) bool): landmarks and keys from its tokens only (each image needs m of them).
     """
     if num_landmarks >= k.shape[-2]:
-        return AF.softmax_attention(q, k, v, scale, logit_noise)
-    f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, logit_noise)
+        mask = None if key_mask is None else key_mask.unsqueeze(-2)
+        return AF.softmax_attention(q, k, v, scale, logit_noise, attn_mask=mask)
+    f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, logit_noise, key_mask)
     return (f @ (z @ (b @ AF.acc(v)))).to(v.dtype)
 
 
@@ -90,6 +104,7 @@ def nystrom_probs(
     scale: Optional[float] = None,
     landmark_scale: Optional[float] = None,
     query_index: Optional[torch.Tensor] = None,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The implied matrix F pinv(A) B for the rows ``query_index`` (all by default): (B, H, Nq, Nk).
 
@@ -97,8 +112,9 @@ def nystrom_probs(
     it is the softmax matrix.
     """
     if num_landmarks >= k.shape[-2]:
-        return AF.softmax_probs(q if query_index is None else q[:, :, query_index], k, scale)
-    f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, 0.0)
+        mask = None if key_mask is None else key_mask.unsqueeze(-2)
+        return AF.softmax_probs(q if query_index is None else q[:, :, query_index], k, scale, mask)
+    f, z, b = _factors(q, k, num_landmarks, pinv_iterations, scale, landmark_scale, 0.0, key_mask)
     return (f if query_index is None else f[:, :, query_index]) @ (z @ b)
 
 
@@ -109,10 +125,12 @@ class NystromAttention(ZooAttention):
     As many landmarks as tokens or more: exact softmax attention. ``pinv_iterations`` (6, as the paper) of
     ``iterative_pinv``. ``conv_kernel`` (odd, None = off; the paper uses 33) adds a depthwise
     convolution of V along the token axis, one kernel per head. Logit noise goes on the logits of all
-    three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md).
+    three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md). A key-padding
+    ``attn_mask``: landmarks are the segment means of each image's unpadded tokens, padded keys get no weight (each
+    image needs ``num_landmarks`` tokens or more; the token-axis conv refuses masks).
     """
 
-    no_mask = no_causal = "its landmarks mix all tokens; use attention='softmax' for masked or causal inputs"
+    no_causal = "its landmarks mix all tokens; use attention='softmax' for causal inputs"
 
     has_logits = False  # no n x n matrix is formed: nothing for attn_drop
 
@@ -157,20 +175,38 @@ class NystromAttention(ZooAttention):
                 dtype=kwargs.get("dtype"),
             )
 
-    def options(self, num_tokens: int) -> dict:
-        """Landmark count and the two logit scales at ``num_tokens`` tokens."""
-        m, train = min(self.num_landmarks, num_tokens), self.train_tokens
+    def options(self, k: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> dict:
+        """Landmark count, the two logit scales and the key mask for keys k (B, H, N, D) under ``attn_mask``."""
+        keys = AF.key_padding(attn_mask)
+        m, train = min(self.num_landmarks, k.shape[-2]), self.train_tokens
+        if keys is not None and self.conv is not None:
+            raise ValueError(
+                "nystrom's conv_kernel runs along the token sequence, whose neighbours padding changes; set "
+                "conv_kernel: null for masked inputs"
+            )
+        short = keys is not None and m < k.shape[-2] and AF.eager_checks() and bool((keys.sum(-1) < m).any())
+        if short:
+            raise ValueError(
+                f"nystrom: an image of this masked batch has fewer than num_landmarks={m} tokens; lower num_landmarks "
+                "or batch larger images"
+            )
         train_landmarks = None if train is None else min(self.num_landmarks, train)
-        scale = AF.logit_scale(self.scale_mode, self.head_dim, num_tokens, train)
+        scale = AF.logit_scale(self.scale_mode, self.head_dim, AF.key_count(keys, AF.acc(k)), train)
         landmark_scale = AF.logit_scale(self.scale_mode, self.head_dim, m, train_landmarks)
-        return dict(num_landmarks=m, pinv_iterations=self.pinv_iterations, scale=scale, landmark_scale=landmark_scale)
+        return dict(
+            num_landmarks=m,
+            pinv_iterations=self.pinv_iterations,
+            scale=scale,
+            landmark_scale=landmark_scale,
+            key_mask=keys,
+        )
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        out = nystrom_attention(q, k, v, logit_noise=logit_noise, **self.options(k.shape[-2]))
+        out = nystrom_attention(q, k, v, logit_noise=logit_noise, **self.options(k, attn_mask))
         return out if self.conv is None else out + self.conv(v)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        out = nystrom_probs(q, k, query_index=query_index, **self.options(k.shape[-2]))
+        out = nystrom_probs(q, k, query_index=query_index, **self.options(k, attn_mask))
         return out if self.conv is None else out + self.conv_matrix(k.shape[-2], query_index)
 
     def conv_matrix(self, num_tokens: int, query_index: torch.Tensor) -> torch.Tensor:
