@@ -27,7 +27,13 @@ BACKBONES = ("vit", "resnet")
 # every mechanism, the options that change the computation at sizes other than the training one, and the
 # feature maps with parameters of their own (hedgehog)
 HEDGEHOG = {"name": "linear", "feature_map": {"name": "hedgehog", "num_features": 8}}
-SPECS = [*vitzoo.list_attentions(), {"name": "hydra", "rescale": True}, HEDGEHOG]
+# RoPE (rotate and decoupled forms, each variant) and the sigmoid gate, on top of every mechanism's own row
+ROPE_GATE = [
+    {"name": "softmax", "rope": "axial", "gate": "channel"},
+    {"name": "linear", "rope": "mixed", "gate": "head"},
+    {"name": "mlla", "rope": "dinov3"},
+]
+SPECS = [*vitzoo.list_attentions(), {"name": "hydra", "rescale": True}, HEDGEHOG, *ROPE_GATE]
 
 
 def spec_id(spec) -> str:
@@ -127,14 +133,19 @@ def onnx_case(attention, backbone: str, dynamo: bool, size: str):
     )
 
 
-# hedgehog's layer is linear attention's in both backbones: its map is exported once, in the ViT
+# hedgehog's layer is linear attention's in both backbones: its map is exported once, in the ViT (RoPE and the gate too)
 ONNX_CASES = [
     onnx_case(attention, backbone, dynamo, size)
     for attention in vitzoo.list_attentions()
     for backbone in BACKBONES
     for dynamo in (False, True)
     for size in SIZES
-] + [onnx_case(HEDGEHOG, "vit", dynamo, size) for dynamo in (False, True) for size in SIZES]
+] + [
+    onnx_case(spec, "vit", dynamo, size)
+    for spec in (HEDGEHOG, *ROPE_GATE)
+    for dynamo in (False, True)
+    for size in SIZES
+]
 
 
 @pytest.mark.parametrize("attention, backbone, dynamo, size", ONNX_CASES)
