@@ -138,9 +138,12 @@ class Rope(nn.Module):
         """The table of ``prefix`` unrotated tokens then the ``grid`` tokens: (H or 1, prefix + h*w, dim/2)."""
         return with_prefix(self.angles_from(self.positions(grid, like)), prefix)
 
+    def spec(self) -> Dict[str, Any]:
+        """This RoPE as a ``rope`` spec: ``{name: ..., <every option>}``."""
+        return {"name": self.name, **{key: getattr(self, key) for key in ROPE_OPTIONS[self.name]}}
+
     def extra_repr(self) -> str:
-        opts = ", ".join(f"{k}={getattr(self, k)}" for k in ROPE_OPTIONS[self.name])
-        return f"{self.name}, dim={self.dim}, {opts}"
+        return ", ".join(f"{k}={v}" for k, v in self.spec().items()) + f", dim={self.dim}"
 
 
 def mixed_frequencies(dim: int, num_heads: int, base: float, device=None, dtype=None) -> torch.Tensor:

@@ -21,7 +21,6 @@ import torch
 import torch.nn as nn
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import adapt_input_conv
-from timm.models.vision_transformer import VisionTransformer
 
 from vitzoo.attention import ZooAttention
 from .pretrained_sources import SOURCE_FORMS, ViTWeights, read_vit_weights
@@ -101,6 +100,7 @@ def _tensor_facts(shapes: Mapping[str, torch.Size], has_q: bool) -> Dict[str, An
         "pre_norm": "norm_pre.weight" in shapes,
         "final_norm": "norm.weight" in shapes,
         "fc_norm": "fc_norm.weight" in shapes,
+        "pos_embed": "learn" if "pos_embed" in shapes else "none",
     }
     if has_q:  # a mechanism without q (Synthesizer) has no qk-norm to load
         facts["qk_norm"] = "blocks.0.attn.q_norm.weight" in shapes
@@ -109,7 +109,7 @@ def _tensor_facts(shapes: Mapping[str, torch.Size], has_q: bool) -> Dict[str, An
     return facts
 
 
-def _module_facts(vit: VisionTransformer) -> Dict[str, Any]:
+def _module_facts(vit: Any) -> Dict[str, Any]:
     """Architecture options only a built model shows."""
     block: Any = vit.blocks[0]  # a block of any block_fn (norm1, attn, mlp)
     norm = block.norm1
@@ -119,7 +119,7 @@ def _module_facts(vit: VisionTransformer) -> Dict[str, Any]:
         "no_embed_class": vit.no_embed_class,
         "act_layer": type(block.mlp.act).__name__,
         "norm_layer": f"{type(norm).__name__}(eps={norm.eps})",
-        "block_fn": type(block).__name__,
+        "block_fn": "Block" if type(block).__name__ == "EvaBlock" else type(block).__name__,  # pretrained_eva
     }
 
 
@@ -147,6 +147,20 @@ def _check_architecture(model: ZooVisionTransformer, weights: ViTWeights) -> Non
             f"init_from={weights.source}: the checkpoint's ViT has {ckpt}, the model {built}; build the "
             f"model with the checkpoint's values (create_model(..., {ckpt}); train.py: {plus})"
         )
+    if weights.rope is not None:
+        _check_rope(model, weights.source, weights.rope)
+
+
+def _check_rope(model: ZooVisionTransformer, source: str, want: Dict[str, Any]) -> None:
+    """Every block's RoPE has the checkpoint's settings (those it records), or one ValueError naming both."""
+    for index, block in enumerate(model.blocks):
+        rope = _attention(block).rope
+        have = None if rope is None else rope.spec()
+        if have is None or any(have.get(key) != value for key, value in want.items()):
+            raise ValueError(
+                f"init_from={source}: the checkpoint's ViT has rope={want}, block {index} of the model "
+                f"rope={have}; build the model with the checkpoint's RoPE (attention={{'name': ..., 'rope': {want}}})"
+            )
 
 
 # -- mapping ------------------------------------------------------------------------------------------------
@@ -154,7 +168,7 @@ def _load(model: ZooVisionTransformer, weights: ViTWeights) -> LoadReport:
     state, target = weights.state, model.state_dict()
     mapped: Dict[str, torch.Tensor] = {}
     used: Set[str] = set()
-    notes: List[str] = []
+    notes: List[str] = list(weights.notes)
     partial: List[str] = []
     identity: List[str] = []
     for index, block in enumerate(model.blocks):
@@ -264,8 +278,9 @@ def _resample_embeddings(
         return
     prefix = 0 if model.no_embed_class else model.num_prefix_tokens
     tokens = pos.shape[1] - prefix
-    if weights.reference is not None:
-        old = tuple(weights.reference.patch_embed.grid_size)
+    reference: Any = weights.reference  # a ViT or ROPE-ViT (pretrained_sources)
+    if reference is not None:
+        old = tuple(reference.patch_embed.grid_size)
     else:  # a bare state dict: a square grid, as timm assumes
         side = math.isqrt(max(tokens, 0))
         old = (side, side)

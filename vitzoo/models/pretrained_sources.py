@@ -2,16 +2,17 @@
 
 Each source gives a :class:`ViTWeights`: the tensors in the layout of timm's ``VisionTransformer``
 (``blocks.N.attn.qkv``) and, where the source records it, a model of the source's architecture whose
-attributes tell what the tensors do not (number of heads, position-embedding grid, pooling, activation).
+attributes tell what the tensors do not (number of heads, position-embedding grid, pooling, activation, RoPE).
+timm's ROPE-ViT checkpoints (``Eva`` models) are read through ``pretrained_eva``.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import timm
 import torch
@@ -24,13 +25,15 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vitzoo.attention import SoftmaxAttention, resolve_attention
 from .local_dir import WEIGHTS_NAME, check_export
+from .pretrained_eva import EVA_HINT, eva_differences, eva_layout, eva_rope, is_eva
 from .vit import VIT_ARCHS
 
 __all__ = ["ViTWeights", "read_vit_weights", "SOURCE_FORMS", "STATE_DICT_SUFFIXES"]
 
 STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".bin")
 SOURCE_FORMS = (
-    "timm:<model>.<tag>, a .safetensors / .pth / .bin state dict of a timm VisionTransformer, or a vitzoo export folder"
+    "timm:<model>.<tag>, a .safetensors / .pth / .bin state dict of a timm VisionTransformer or ROPE-ViT, or a vitzoo "
+    "export folder"
 )
 _QKV = ".attn.qkv."
 _IN_PROJ = ".attn.in_proj.proj."
@@ -39,11 +42,14 @@ _IN_PROJ = ".attn.in_proj.proj."
 @dataclass
 class ViTWeights:
     """A softmax ViT's tensors in timm's layout; ``reference`` (None for a bare state dict) is a model of the
-    source's architecture, on the meta device for an export, read for what the tensors do not record."""
+    source's architecture, on the meta device for an export, read for what the tensors do not record. ``rope``:
+    the checkpoint's RoPE as a ``rope`` spec, with the settings the source records (None: none, or not recorded)."""
 
     source: str
     state: Dict[str, torch.Tensor]
-    reference: Optional[VisionTransformer] = None
+    reference: Optional[nn.Module] = None
+    rope: Optional[Dict[str, Any]] = None
+    notes: List[str] = field(default_factory=list)
 
 
 def read_vit_weights(
@@ -78,7 +84,14 @@ def read_vit_weights(
             f"init_from={text!r} is not a readable state dict ({reason}); save it with "
             f"safetensors' save_file(model.state_dict(), ...) or torch.save(model.state_dict(), ...)"
         ) from None
-    return ViTWeights(text, _tensors_only(text, state))
+    state = _tensors_only(text, state)
+    if {"blocks.0.gamma_1", "blocks.0.attn.q_bias", "rope.freqs"} & set(
+        state
+    ):  # a timm Eva: RoPE settings not recorded
+        rope = {"name": "mixed"} if "rope.freqs" in state else None
+        note = "RoPE settings are not in a state dict: the model's are taken"
+        return ViTWeights(text, eva_layout(state), rope=rope, notes=[note])
+    return ViTWeights(text, state)
 
 
 def _tensors_only(source: str, state) -> Dict[str, torch.Tensor]:
@@ -106,13 +119,20 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
         ) from None
     with torch.device("meta"):  # the architecture alone, to refuse a non-ViT or another shape before downloading
         layout = timm.create_model(name)
-    if not _is_plain_vit(layout):
+    if is_eva(layout):
+        differences = eva_differences(layout)
+        if differences:
+            raise ValueError(
+                f"init_from={source!r} is a timm Eva whose {', '.join(differences)} do not map onto vitzoo's ViT; "
+                f"{EVA_HINT}"
+            )
+    elif not _is_plain_vit(layout):
         raise ValueError(
             f"init_from={source!r} is a {type(layout).__name__}, not a ViT with a patch embedding "
-            f"(timm's VisionTransformer); pick a vit_* model"
+            f"(timm's VisionTransformer); pick a vit_* model ({EVA_HINT})"
         )
     if before_download is not None:
-        before_download(ViTWeights(source, layout.state_dict(), cast(VisionTransformer, layout)))  # _is_plain_vit
+        before_download(_timm_weights(source, layout))
     try:
         model = timm.create_model(name, pretrained=True)
     except OSError as err:  # no network, hub error, nothing cached (huggingface_hub's and urllib's errors are OSErrors)
@@ -122,7 +142,14 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
             f"local file instead: save timm.create_model('{name}', pretrained=True).state_dict() where "
             f"the hub is reachable (safetensors' save_file) and give init_from=/path/to/weights.safetensors"
         ) from None
-    return ViTWeights(source, model.state_dict(), cast(VisionTransformer, model))  # the architecture checked above
+    return _timm_weights(source, model)
+
+
+def _timm_weights(source: str, model: nn.Module) -> ViTWeights:
+    """A timm ViT's or ROPE-ViT's (checked) weights in timm's VisionTransformer layout."""
+    if is_eva(model):
+        return ViTWeights(source, eva_layout(model.state_dict()), model, eva_rope(model))
+    return ViTWeights(source, model.state_dict(), model)
 
 
 def _is_plain_vit(model: nn.Module) -> bool:
@@ -148,7 +175,8 @@ def _from_export(source: str, path: Path) -> ViTWeights:
     with torch.device("meta"):  # the export's own architecture, for its attributes
         reference = cast(VisionTransformer, timm.create_model(arch, attention=spec, **args))  # a VIT_ARCHS arch
     state = load_file(str(path / WEIGHTS_NAME))
-    return ViTWeights(source, _qkv_layout(state, reference), reference)
+    rope = getattr(reference.blocks[0].attn, "rope", None)
+    return ViTWeights(source, _qkv_layout(state, reference), reference, None if rope is None else rope.spec())
 
 
 def _qkv_layout(state: Dict[str, torch.Tensor], reference: VisionTransformer) -> Dict[str, torch.Tensor]:
