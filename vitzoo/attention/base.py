@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from .canvas import canvas_rope
 from .rope import RopeSpec, build_rope, rotate
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
@@ -141,6 +142,8 @@ class ZooAttention(nn.Module):
         self.num_tokens, self.num_prefix_tokens = num_tokens, num_prefix_tokens
         self.grid_size: Optional[Tuple[int, int]] = (grid_size[0], grid_size[1]) if grid_size is not None else None
         self.token_grid: Optional[Tuple[int, int]] = None
+        # a variable-size batch: each image's grid, its tokens at the top-left of the token_grid canvas (else None)
+        self.image_grids: Optional[Tuple[Tuple[int, int], ...]] = None
         self.block_index = 0  # this layer's block in the backbone's stack (set by the ViT; window shifts odd ones)
         self.attention_probe: Optional[Callable] = None
 
@@ -231,9 +234,13 @@ class ZooAttention(nn.Module):
         return side, side
 
     def rope_angles(self, num_tokens: int, like: torch.Tensor) -> torch.Tensor:
-        """The RoPE table of the current input's grid (``rope`` set): (H or 1, num_tokens, d/2), prefix rows 0."""
+        """The RoPE table of the current input's grid (``rope`` set): (H or 1, num_tokens, d/2), prefix rows 0; for a
+        variable-size batch (``image_grids``) each image's own table on the canvas, (B, H or 1, num_tokens, d/2)."""
         assert self.rope is not None
-        return self.rope.angles(self.current_grid(num_tokens), self.num_prefix_tokens, like)
+        grid = self.current_grid(num_tokens)
+        if self.image_grids is not None:
+            return canvas_rope(self.rope, self.image_grids, grid, self.num_prefix_tokens, like)
+        return self.rope.angles(grid, self.num_prefix_tokens, like)
 
     def project(self, x: torch.Tensor):
         """q, k, v as (B, H, N, D) (None for projections the mechanism does not use)."""
@@ -307,9 +314,17 @@ def attend(
 
 
 @torch.fx.wrap
-def share_grid(x: torch.Tensor, layers: Sequence[ZooAttention], grid: Tuple[int, int]) -> torch.Tensor:
-    """Set ``token_grid = grid`` on ``layers`` and return ``x``: a backbone passes each input's grid through this (a
-    node on x's path under torch.fx, wrapped again where it is called: ``torch.fx.wrap`` patches by module)."""
+def share_grid(
+    x: torch.Tensor,
+    layers: Sequence[ZooAttention],
+    grid: Tuple[int, int],
+    image_grids: Optional[Sequence[Tuple[int, int]]] = None,
+) -> torch.Tensor:
+    """Set ``token_grid = grid`` and ``image_grids`` on ``layers`` and return ``x``: a backbone passes each input's
+    grid through this (a node on x's path under torch.fx, wrapped again where it is called: ``torch.fx.wrap``
+    patches by module)."""
+    images = None if image_grids is None else tuple((int(h), int(w)) for h, w in image_grids)
     for layer in layers:
         layer.token_grid = (grid[0], grid[1])
+        layer.image_grids = images
     return x

@@ -17,6 +17,10 @@ class EfficientAttention(ZooAttention):
     ``attn_mask`` leaves the padded keys out of the softmax over tokens.
     """
 
+    no_rope = (
+        "its queries are a softmax over channels and its decoupled form is not implemented; use attention='linear' "
+        "with rope (the decoupled form)"
+    )
     has_logits = False
     no_causal = "it has no causal form; use attention='linear' with causal: true"
 

@@ -127,6 +127,8 @@ class FocusedLinearAttention(LinearAttention, GridBoundAttention):
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         """The attention term's rows as distributions over keys: the share eps takes (mixing nothing) left out."""
+        if self.rope is not None:
+            return super().probs(x, q, k, attn_mask, is_causal, query_index)
         keys = AF.key_padding(attn_mask)
         fq, fk, name = self.features(q, k, keys)
         return AF.kernel_probs(fq[:, :, query_index], fk, name, eps=0.0, key_mask=keys)

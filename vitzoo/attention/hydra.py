@@ -56,6 +56,10 @@ class HydraAttention(ZooAttention):
     key-padding ``attn_mask`` leaves the padded keys out of the sum (and out of n).
     """
 
+    no_rope = (
+        "its per-channel product never pairs channels in a dot product, so a rotation cannot make it depend on "
+        "offsets; use attention='linear' with rope"
+    )
     has_logits = False
     no_causal = "it has no causal form here; use attention='linear' with causal: true"
 

@@ -84,6 +84,7 @@ class InLineAttention(ZooAttention):
     of every mean (keys and the kernel generator's) and shows them to the conv as 0.
     """
 
+    rope_form = "rotate"  # centred scores: each row still sums to 1
     has_logits = False
     no_causal = "its residual conv sees both sides; use attention='linear' with causal: true"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import functional as AF
 from .base import ZooAttention
+from .decoupled import decoupled_linear, decoupled_probs
 from .feature_maps import FeatureMapSpec, build_feature_map
 from .registry import register_attention
 
@@ -40,6 +41,29 @@ class LinearAttention(ZooAttention):
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
         self.phi = build_feature_map(feature_map, self.head_dim, num_heads)
         self.eps, self.causal, self.impl = eps, causal, impl
+        self.rope_form = self.phi.rope_form
+        if self.rope is not None and self.rope_form == "decoupled":
+            self.check_decoupled_rope()
+
+    def check_decoupled_rope(self) -> None:
+        """Decoupled RoPE turns the head's feature channels by the head's table, in the non-causal form only."""
+        if self.causal:
+            raise ValueError("rope with causal: decoupled RoPE has no causal form yet; drop causal or rope")
+        if self.phi.feature_dim != self.head_dim:
+            raise ValueError(
+                f"rope: decoupled RoPE turns the features by the head's table, so the feature map must give head_dim="
+                f"{self.head_dim} features, and {type(self.phi).__name__} gives {self.phi.feature_dim}; set its "
+                "num_features, or use feature_map elu / relu"
+            )
+
+    def decoupled_mix(self, fq, fk, name, v, attn_mask, is_causal, logit_noise):
+        """RoPE in the decoupled form: turned features in the numerator, plain ones in the normaliser (decoupled.py)."""
+        if attn_mask is not None or is_causal:
+            raise ValueError(
+                "rope: decoupled RoPE takes no attn_mask or is_causal yet; drop rope, or use attention='softmax'"
+            )
+        fq, fk = AF._kernel_features(fq, fk, name, logit_noise)
+        return decoupled_linear(fq, fk, self.rope_angles(fq.shape[-2], fq), v, self.eps, self.impl)
 
     def features(self, q, k, key_mask=None):
         """(q, k, name): the raw q, k and the fused map's name, or precomputed features and ``identity`` (a map whose
@@ -53,6 +77,8 @@ class LinearAttention(ZooAttention):
         dtype and the output comes back in v's, as with a fused map."""
         keys = AF.key_padding(attn_mask)
         fq, fk, name = self.features(q, k, keys)
+        if self.rope is not None and self.rope_form == "decoupled":
+            return self.decoupled_mix(fq, fk, name, v, attn_mask, is_causal, logit_noise)
         out = AF.linear_attention(
             fq, fk, v.to(fq.dtype), name, self.eps, self.impl, self.causal or is_causal, logit_noise, keys
         )
@@ -61,6 +87,9 @@ class LinearAttention(ZooAttention):
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         keys = AF.key_padding(attn_mask)
         fq, fk, name = self.features(q, k, keys)
+        if self.rope is not None and self.rope_form == "decoupled":
+            fq, fk = AF._kernel_features(fq, fk, name, 0.0)
+            return decoupled_probs(fq, fk, self.rope_angles(fq.shape[-2], fq), query_index)
         if self.causal or is_causal:
             return AF.kernel_probs(fq, fk, name, self.eps, causal=True, key_mask=keys)[:, :, query_index]
         return AF.kernel_probs(fq[:, :, query_index], fk, name, self.eps, key_mask=keys)

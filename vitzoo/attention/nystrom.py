@@ -130,6 +130,7 @@ class NystromAttention(ZooAttention):
     image needs ``num_landmarks`` tokens or more; the token-axis conv refuses masks).
     """
 
+    rope_form = "rotate"  # landmarks are means of the turned q and k
     no_causal = "its landmarks mix all tokens; use attention='softmax' for causal inputs"
 
     has_logits = False  # no n x n matrix is formed: nothing for attn_drop

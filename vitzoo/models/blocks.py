@@ -11,15 +11,20 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Block
 
 from vitzoo.attention import ZooAttention
+from vitzoo.attention import functional as AF
 
 __all__ = ["MllaBlock", "BLOCKS", "grid_conv_tokens"]
 
 
 @torch.fx.wrap
-def grid_conv_tokens(attn: ZooAttention, conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """``conv`` over the grid tokens of x (B, N, C), on the grid ``attn`` holds for this input; prefix tokens get 0.
-    A leaf under torch.fx, so each input's grid reaches it."""
+def grid_conv_tokens(
+    attn: ZooAttention, conv: nn.Conv2d, x: torch.Tensor, key_mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``conv`` over the grid tokens of x (B, N, C), on the grid ``attn`` holds for this input; prefix tokens get 0,
+    tokens ``key_mask`` ((B or 1, 1, N) bool) leaves out are seen as 0. A leaf under torch.fx, so each input's grid
+    reaches it."""
     B, N, C = x.shape
+    x = x if key_mask is None else AF.mask_keys(x, key_mask[:, 0])
     prefix = attn.num_prefix_tokens
     grid = conv(x[:, prefix:].transpose(1, 2).reshape(B, C, *attn.current_grid(N))).flatten(2).transpose(1, 2)
     return torch.cat([x.new_zeros(B, prefix, C), grid], dim=1)
@@ -39,7 +44,8 @@ class MllaBlock(Block):
         x = x + DropPath(MLP(LN(x)))
 
     CPE1, CPE2 and DWConv are 3x3 depthwise convs over the patch grid; prefix (class / register) tokens get no CPE
-    term and skip DWConv. ``Attn`` is the block's zoo attention (MLLA's own when the spec is ``mlla``); it keeps its
+    term and skip DWConv; under a key-padding ``attn_mask`` the convs see padded tokens as 0. ``Attn`` is the block's
+    zoo attention (MLLA's own when the spec is ``mlla``); it keeps its
     output projection, so the attention branch has one C x C map more than MLLA's (W_out follows the gate).
     """
 
@@ -57,14 +63,15 @@ class MllaBlock(Block):
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
     ) -> torch.Tensor:
-        x = x + grid_conv_tokens(self.attn, self.cpe1, x)
+        keys = AF.key_padding(attn_mask)
+        x = x + grid_conv_tokens(self.attn, self.cpe1, x, keys)
         u = self.norm1(x)
         a = self.in_proj(u)
         prefix = self.attn.num_prefix_tokens
-        a = F.silu(torch.cat([a[:, :prefix], grid_conv_tokens(self.attn, self.dwc, a)[:, prefix:]], dim=1))
+        a = F.silu(torch.cat([a[:, :prefix], grid_conv_tokens(self.attn, self.dwc, a, keys)[:, prefix:]], dim=1))
         a = self.attn(a, attn_mask=attn_mask, is_causal=is_causal) * F.silu(self.act_proj(u))
         x = x + self.drop_path1(self.ls1(self.out_proj(a)))
-        x = x + grid_conv_tokens(self.attn, self.cpe2, x)
+        x = x + grid_conv_tokens(self.attn, self.cpe2, x, keys)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 

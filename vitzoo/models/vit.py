@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union, cast
 
+import torch
 import torch.fx
 from timm.layers import to_2tuple
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -15,6 +16,7 @@ from vitzoo.attention.stack import block_specs, is_stack, per_block
 from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX exporter lacks)
 from .blocks import BLOCKS
 from .local_dir import verify_local_dir
+from .variable_size import forward_padded, pool_padded
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
 
@@ -30,7 +32,8 @@ class ZooVisionTransformer(VisionTransformer):
     (``dynamic_img_size``); everything else is timm's, including ``forward_intermediates``.
     Each attention layer learns its block's index (window attention shifts every second block). The builders take
     ``attention`` (one spec or a hybrid stack, ``vitzoo.attention.stack``) and ``block`` (``timm`` or ``mlla``,
-    ``vitzoo.models.blocks``).
+    ``vitzoo.models.blocks``). ``model(images)`` with a list of (C, h, w) images of different sizes runs them as one
+    padded, masked batch (``vitzoo.models.variable_size``); a tensor takes timm's forward unchanged.
     """
 
     def __init__(self, *args, **kwargs):
@@ -38,6 +41,23 @@ class ZooVisionTransformer(VisionTransformer):
         for index, block in enumerate(self.blocks):
             if isinstance(block.attn, ZooAttention):
                 block.attn.block_index = index
+
+    def forward(  # type: ignore[override]  # also takes a list of images
+        self,
+        x: Union[torch.Tensor, Sequence[torch.Tensor]],
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        if isinstance(x, (list, tuple)):  # not isinstance(x, Tensor): torch.fx traces with a Proxy
+            if attn_mask is not None or is_causal:
+                raise ValueError("a list of images builds its own padding mask; pass no attn_mask or is_causal")
+            tokens, valid = forward_padded(self, x)
+            return self.head(self.head_drop(self.fc_norm(pool_padded(self, tokens, valid))))
+        return super().forward(cast(torch.Tensor, x), attn_mask, is_causal)
+
+    def forward_padded(self, images: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(tokens (B, N, C), key mask (B, N)) of a list of images of different sizes on one padded canvas."""
+        return forward_padded(self, images)
 
     def _pos_embed(self, x):
         grid = x.shape[1:3] if self.dynamic_img_size else self.patch_embed.grid_size

@@ -1,0 +1,97 @@
+"""Variable-size batches: a list of images of different sizes through the ViT as one padded, masked batch gives
+each image what it gives alone (float64), and a linear-attention ViT trains on mixed sizes."""
+
+import pytest
+import torch
+
+import vitzoo
+
+SIZES = [(8, 12), (16, 8), (12, 12)]
+TINY = dict(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=3)
+
+
+def tiny(attention, **kwargs):
+    torch.manual_seed(0)
+    return vitzoo.create_model("vit_cifar", attention=attention, **{**TINY, **kwargs}).double().eval()
+
+
+def images(sizes=SIZES, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, h, w, generator=g, dtype=torch.float64) for h, w in sizes]
+
+
+@pytest.mark.parametrize(
+    "attention,options",
+    [
+        ("linear", {}),
+        ("softmax", {}),
+        ({"name": "softmax", "scale": "log_n"}, {}),
+        ({"name": "softmax", "rope": "dinov3"}, {}),
+        ({"name": "softmax", "rope": "axial"}, {"class_token": False, "global_pool": "avg"}),
+        ("inline", {}),
+        ({"name": "focused_linear", "pos_embed": False}, {}),
+        ("linear", {"block": "mlla"}),
+    ],
+    ids=str,
+)
+def test_a_list_of_images_gives_each_image_what_it_gives_alone(attention, options):
+    model, batch = tiny(attention, **options), images()
+    together = model(batch)
+    for i, img in enumerate(batch):
+        torch.testing.assert_close(together[i : i + 1], model(img[None]), rtol=1e-9, atol=1e-11)
+
+
+def test_tokens_of_the_padded_forward_match_the_image_alone_and_the_mask_marks_them():
+    model, batch = tiny("linear"), images()
+    tokens, valid = model.forward_padded(batch)
+    assert tokens.shape[:2] == valid.shape == (3, 1 + 4 * 3)
+    for i, img in enumerate(batch):
+        alone = model.forward_features(img[None])[0]
+        torch.testing.assert_close(tokens[i][valid[i]], alone, rtol=1e-9, atol=1e-11)
+
+
+def test_a_tensor_batch_takes_timms_forward_unchanged():
+    model = tiny("linear")
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "call,fix",
+    [
+        (lambda m: m([torch.randn(3, 10, 8, dtype=torch.float64)]), "multiple of the patch size"),
+        (lambda m: m([torch.randn(3, 8, 8, dtype=torch.float64), torch.randn(1, 8, 8)]), "one channel count"),
+        (lambda m: m([torch.randn(3, 8, 8, dtype=torch.float64)], attn_mask=torch.ones(1, 1, 1, 5)), "own padding"),
+    ],
+)
+def test_bad_lists_are_one_line_errors(call, fix):
+    with pytest.raises(ValueError, match=fix) as err:
+        call(tiny("linear"))
+    assert "\n" not in str(err.value)
+
+
+def test_a_mechanism_without_masks_refuses_a_list_in_one_line():
+    with pytest.raises(ValueError, match="takes no attn_mask") as err:
+        tiny("linformer")(images())
+    assert "\n" not in str(err.value)
+
+
+def test_linear_vit_trains_on_mixed_sizes():
+    torch.manual_seed(0)
+    model = vitzoo.create_model("vit_cifar", attention="linear", **TINY)
+    batch = [img.float() for img in images([(8, 12), (16, 8), (12, 12), (16, 16)])]
+    labels = torch.tensor([0, 1, 2, 1])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(25):
+        loss = torch.nn.functional.cross_entropy(model(batch), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    model.eval()
+    with torch.no_grad():
+        together = model(batch)
+        for i, img in enumerate(batch):
+            torch.testing.assert_close(together[i : i + 1], model(img[None]), rtol=1e-4, atol=1e-5)
