@@ -9,6 +9,7 @@ imports: the scripts import their pipeline inside ``main``, after :func:`check_p
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -89,6 +90,10 @@ def _one_line(err: Exception) -> str:
         group, _, option = err.missing_cfg_file.rpartition("/")
         return f"{group}={option} is not a preset; choose one of: {', '.join(err.options)}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [repr(err)]
+    cause = err.__cause__
+    if lines[0].startswith("Error merging override") and cause is not None:  # a value the schema's type refuses
+        key = getattr(cause, "full_key", None)
+        return f"{lines[0]}: {str(getattr(cause, 'msg', cause)).splitlines()[0]}" + (f" ({key})" if key else "")
     # "Could not override 'x'." and its fix; then OmegaConf's internals
     if len(lines) > 1 and lines[1].startswith("To "):
         lines = lines[:2]
@@ -205,10 +210,30 @@ def _remove_empty_parents(run_dir: Path, log_dir: Path) -> None:
         folder = folder.parent
 
 
+def register_schemas() -> None:
+    """The option dataclasses of vitzoo/options.py into Hydra's ConfigStore: the schemas configs/ builds on.
+
+    That module imports only the standard library; it is loaded from its file, without the package's
+    ``__init__`` (torch, timm), and entered in ``sys.modules`` under its own name, so that the package, once the
+    pipeline imports it, uses this very module and its classes."""
+    name = "vitzoo.options"
+    if name not in sys.modules:
+        package = importlib.util.find_spec("vitzoo")  # a top-level name: found without being imported
+        if package is None or not package.submodule_search_locations:
+            sys.exit("error: the vitzoo package is not importable; from a clone: pip install -e '.[train]'")
+        path = Path(next(iter(package.submodule_search_locations))) / "options.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    sys.modules[name].register_configs()
+
+
 def launch(main: Callable[[], object], resume: bool = False) -> None:
     """Run a ``@hydra.main`` function the way train.py (``resume=True``: :func:`resume_in_place`), eval.py and
     predict.py do."""
     wait_passively()
+    register_schemas()
     if resume:
         sys.argv = resume_in_place(sys.argv)
     with hydra_errors():

@@ -103,10 +103,12 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides
         return
     from hydra import compose, initialize_config_dir
 
+    from vitzoo.options import register_configs
     from vitzoo.runtime import size_thread_pools
     from vitzoo.training import build_run, evaluate
 
     size_thread_pools()
+    register_configs()  # the schemas configs/ builds on
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(
             "train", overrides=[f"seed={SEED}", *stage_args(preset, data, teacher, overrides), "transfer.stage=1"]

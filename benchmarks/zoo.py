@@ -99,6 +99,9 @@ def wanted_sweep(budget: Budget) -> dict:
     as floats, as eval.py would run them."""
     from hydra import compose, initialize_config_dir
 
+    from vitzoo.options import register_configs
+
+    register_configs()  # the schemas configs/ builds on
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         rob = compose("eval", overrides=[f"robustness={budget.robustness}"]).robustness
     return {k: _as_floats(rob[k]) for k in SWEEP_LISTS}

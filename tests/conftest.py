@@ -17,6 +17,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vitzoo.options import register_configs
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 sys.path.append(
@@ -24,6 +26,7 @@ sys.path.append(
 )  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
 
 ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
+register_configs()  # the option schemas configs/ builds on
 QUIET = ["debug=quiet"]  # on the CPU, a log line every step, no progress bar (the tiny and digits runs include it)
 
 

@@ -122,9 +122,9 @@ def test_misspelt_model_kwarg_and_non_numeric_option_name_the_fix(tmp_path):
     cfg = compose_config(tmp_path, ["debug=tiny_vit", "+model.kwargs.dept=6"])
     with pytest.raises(ValueError, match="unexpected keyword argument 'dept'.*model.kwargs"):
         build_classifier(cfg, _instantiate_data(cfg))
-    cfg = compose_config(tmp_path, ["debug=tiny_vit", "module.optim.lr=abc"])
-    with pytest.raises(ValueError, match="module.optim.lr must be a number, got 'abc'"):
-        build_classifier(cfg, _instantiate_data(cfg))
+    with pytest.raises(ConfigCompositionException, match="Error merging override module.optim.lr=abc") as err:
+        compose_config(tmp_path, ["debug=tiny_vit", "module.optim.lr=abc"])
+    assert "could not be converted to Float" in str(err.value.__cause__)
 
 
 def test_a_required_value_left_out_is_one_line_naming_it(tmp_path):

@@ -1,30 +1,81 @@
-"""The option dataclasses are the one place defaults are written for Python callers; the YAML the command line
-composes spells the same values, and unknown or mistyped options are one line naming the valid ones."""
+"""The option dataclasses of vitzoo.options are the one place defaults are written: the YAML groups of configs/
+build on them (Hydra's ConfigStore) and carry only what differs; unknown or mistyped options are one line
+naming the valid ones, from Python as from the command line."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from conftest import CONFIGS, compose_config, run_python
+from vitzoo.options import SCHEMAS, MixupOptions, OptimOptions, PredictOptions, RobustnessOptions
 from vitzoo.training import ImageClassifier
-from vitzoo.training.options import MixupOptions, OptimOptions, TransferOptions, options_from
+from vitzoo.training.options import options_from
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def _schema_files():
+    """(yaml path, schema name, the node it fills) for every config that names a schema in its defaults list."""
+    for path in sorted(CONFIGS.rglob("*.yaml")):
+        for entry in OmegaConf.to_container(OmegaConf.load(path)).get("defaults", []):
+            if isinstance(entry, str) and entry.startswith("/schema/"):
+                name, _, package = entry.removeprefix("/schema/").partition("@")
+                yield path, name, None if package == "_here_" else package
+
+
+def test_the_yaml_sets_only_what_differs_from_its_schema():
+    files = list(_schema_files())
+    assert {name for _, name, _ in files} >= {"module", "transfer", "robustness", "predict"}
+    for path, name, package in files:
+        own = OmegaConf.to_container(OmegaConf.load(path))
+        own = own.get(package, {}) if package else {k: v for k, v in own.items() if k != "defaults"}
+        default = OmegaConf.to_container(OmegaConf.structured(SCHEMAS[name]))
+        repeated = [key for key, value in _leaves(own) if OmegaConf.select(OmegaConf.create(default), key) == value]
+        assert not repeated, f"{path.relative_to(CONFIGS)} repeats the schema's defaults of {repeated}"
+
+
+def test_the_composed_configs_hold_the_dataclass_defaults(tmp_path):
+    cfg = compose_config(tmp_path)
+    assert OmegaConf.to_container(cfg.module.optim) == dataclasses.asdict(OptimOptions())
+    assert OmegaConf.to_container(cfg.module.mixup) == dataclasses.asdict(MixupOptions())
+    transfer = compose_config(tmp_path, ["experiment=transfer", "transfer.stage=2"]).transfer
+    assert transfer.stage == 2 and transfer.temperature == 1.0
+    clean = compose_config(tmp_path, ["robustness=clean"], name="eval").robustness
+    assert clean.corruptions == [] and clean.severities == RobustnessOptions().severities
+    predict = compose_config(tmp_path, ["ckpt_path=a", "input=b", "output=c"], name="predict")
+    assert {f.name: predict[f.name] for f in dataclasses.fields(PredictOptions)} == dataclasses.asdict(PredictOptions())
 
 
 @pytest.mark.parametrize(
-    "cls, yaml, key",
+    "override, message",
     [
-        (OptimOptions, "module/default.yaml", "optim"),
-        (MixupOptions, "module/default.yaml", "mixup"),
-        (TransferOptions, "experiment/transfer.yaml", "transfer"),
+        ("module.optim.lr=abc", "Value 'abc' of type 'str' could not be converted to Float"),
+        ("module.optim.lrate=1", "Could not override 'module.optim.lrate'"),
+        ("module.channels_last=maybe", "Value 'maybe' is not a valid bool"),
     ],
 )
-def test_the_yaml_defaults_are_the_dataclass_defaults(cls, yaml, key):
-    assert OmegaConf.to_container(OmegaConf.load(CONFIGS / yaml)[key]) == dataclasses.asdict(cls())
+def test_the_schema_refuses_bad_overrides_when_the_config_composes(tmp_path, override, message):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_config(tmp_path, [override])
+    assert message in f"{err.value} {err.value.__cause__}"
+
+
+def test_the_command_line_names_a_mistyped_option_in_one_line():
+    proc = run_python("train.py", "module.optim.lr=abc")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "error: Error merging override module.optim.lr=abc: Value 'abc' of type 'str' could not be converted to "
+        "Float (module.optim.lr)"
+    ], proc.stderr
 
 
 def test_options_from_takes_instances_mappings_and_none_and_names_bad_keys():
@@ -34,8 +85,10 @@ def test_options_from_takes_instances_mappings_and_none_and_names_bad_keys():
     assert options_from(MixupOptions, "module.mixup", given) is given and given.active
     with pytest.raises(ValueError, match=r"module.optim has no option\(s\) \['lrate'\]; valid options: .*'lr'"):
         options_from(OptimOptions, "module.optim", {"lrate": 1.0})
-    with pytest.raises(ValueError, match="module.optim.lr must be a number, got 'abc'"):
+    with pytest.raises(ValueError, match="^module.optim.lr='abc': Value 'abc' of type 'str' could not be converted"):
         options_from(OptimOptions, "module.optim", {"lr": "abc"})
+    with pytest.raises(ValueError, match=r"^robustness.corruptions='contrast': give a list, e.g. corruptions=\[contr"):
+        options_from(RobustnessOptions, "robustness", {"corruptions": "contrast"})
 
 
 def test_the_classifier_stores_plain_complete_options():
@@ -50,3 +103,5 @@ def test_the_classifier_stores_plain_complete_options():
     )
     assert module.hparams.optim == {**dataclasses.asdict(OptimOptions()), "lr": 0.1}
     assert module.hparams.mixup["cutmix_alpha"] == 1.0 and module.mixup is not None
+    with pytest.raises(ValueError, match=r"module.optim has no option\(s\) \['lrate'\]"):
+        ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, optim={"lrate": 1.0})

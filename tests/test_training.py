@@ -379,8 +379,8 @@ def test_channels_last_gives_the_same_logits_and_gradients(tmp_path, preset):
     torch.testing.assert_close(nhwc(x), plain(x), atol=1e-5, rtol=1e-5)
     for (name, p), q in zip(plain.named_parameters(), nhwc.parameters()):
         torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
-    with pytest.raises(ValueError, match="module.channels_last='yes'; give true or false"):
-        ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, channels_last="yes")
+    with pytest.raises(ValueError, match="module.channels_last='maybe': Value 'maybe' is not a valid bool"):
+        ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, channels_last="maybe")
 
 
 def test_the_progress_bar_lets_go_of_the_console_before_the_lines_that_end_a_run(tmp_path):

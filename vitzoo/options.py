@@ -1,11 +1,31 @@
-"""The one rule for option mappings (attention specs, ``module.optim``, ``transfer``...): a key the code does not
-know is a one-line error naming it and the valid ones, never silently dropped."""
+"""The applications' options as dataclasses: the one place their names, types and defaults are written.
+
+The Python APIs take them (``vitzoo.training.fit``, :class:`~vitzoo.training.ImageClassifier`,
+``vitzoo.robustness.evaluate``, ``vitzoo.segmentation.predict``), and :func:`register_configs` stores them in
+Hydra's ConfigStore as the schemas the YAML groups of configs/ build on (``schema/<name>``), which carry only
+what differs from them. This module imports nothing but the standard library (Hydra inside
+:func:`register_configs`), so the entry points load it before torch; it also holds the one rule for option
+mappings (attention specs, ``data.aug``...): a key the code does not know is a one-line error naming it and the
+valid ones, never silently dropped.
+"""
 
 from __future__ import annotations
 
-from typing import Collection
+from dataclasses import dataclass, field
+from typing import Any, Collection, List, Optional
 
-__all__ = ["reject_unknown"]
+__all__ = [
+    "OptimOptions",
+    "MixupOptions",
+    "ClassifierOptions",
+    "TransferOptions",
+    "SweepOptions",
+    "RobustnessOptions",
+    "PredictOptions",
+    "SCHEMAS",
+    "register_configs",
+    "reject_unknown",
+]
 
 
 def reject_unknown(owner: str, given: Collection[str], valid: Collection[str]) -> None:
@@ -13,3 +33,116 @@ def reject_unknown(owner: str, given: Collection[str], valid: Collection[str]) -
     unknown = sorted(set(given) - set(valid))
     if unknown:
         raise ValueError(f"{owner} has no option(s) {unknown}; valid options: {sorted(valid)}")
+
+
+@dataclass
+class OptimOptions:
+    """AdamW with a per-step warmup + cosine schedule (:mod:`vitzoo.training.optim`)."""
+
+    lr: float = 1e-3  # peak LR, reached after warmup; cosine to lr * min_lr_ratio
+    weight_decay: float = 0.05  # not applied to biases, norms, pos_embed / cls_token
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_epochs: float = 1.0
+    min_lr_ratio: float = 0.01
+    layer_decay: Optional[float] = None  # e.g. 0.75 for layer-wise LR decay (ViT fine-tuning)
+    fused: Optional[bool] = None  # torch's fused AdamW kernel (one launch per step; GPU runs); None: torch's default
+    lr_base_batch: Optional[int] = None  # lr is the LR at this global batch, scaled linearly to the run's (DeiT)
+
+
+@dataclass
+class MixupOptions:
+    """timm's ``Mixup`` arguments; mixing is on when ``mixup_alpha`` or ``cutmix_alpha`` is > 0 (even batches)."""
+
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    cutmix_minmax: Optional[List[float]] = None
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    mode: str = "batch"
+
+    @property
+    def active(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass
+class ClassifierOptions:
+    """The training recipe of :class:`~vitzoo.training.ImageClassifier` besides the model (``module`` group)."""
+
+    optim: OptimOptions = field(default_factory=OptimOptions)
+    label_smoothing: float = 0.0
+    mixup: MixupOptions = field(default_factory=MixupOptions)
+    compile: bool = False  # torch.compile the network
+    channels_last: bool = False  # NHWC weights and batches (convolutions on tensor-core GPUs); the same numbers
+
+
+@dataclass
+class TransferOptions:
+    """Attention transfer (:class:`~vitzoo.training.transfer.AttentionTransfer`, ``experiment=transfer``)."""
+
+    stage: int = 1  # 1: the attention layers learn the teacher's outputs (no labels) | 2: fine-tune on the labels
+    qk: str = "train"  # stage 1: train | freeze the q/k maps (freeze: only the mechanism's own parameters learn)
+    attention_ce: float = 0.0  # stage 1: weight of the cross-entropy between attention rows (Hedgehog's); 0 = MSE
+    student: Optional[str] = None  # stage 2: the stage-1 checkpoint; None = student and teacher from init_from
+    distill: float = 0.0  # stage 2: weight of KL(teacher || student) on the logits; 0 = the labels only
+    temperature: float = 1.0  # stage 2: the distillation's softmax temperature
+
+
+@dataclass
+class SweepOptions:
+    """What a robustness sweep measures (:class:`~vitzoo.robustness.Sweep` checks the values); empty: clean only."""
+
+    corruptions: List[str] = field(default_factory=list)  # input corruptions (vitzoo.robustness.list_corruptions())
+    severities: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    protocol: Optional[str] = None  # cifar | imagenet (CIFAR-10-C / ImageNet-C strengths); None = cifar up to 64 px
+    logit_noise: List[float] = field(default_factory=list)  # sigma of Gaussian noise on every attention layer's logits
+    resolutions: List[float] = field(default_factory=list)  # input sizes as factors of the training size
+    adversarial: List[float] = field(default_factory=list)  # PGD L-inf radii in grey levels of 255, e.g. [1,2,4,8]
+    attack: str = "pgd"  # pgd (PGD-10 and FGSM at each radius) | autoattack (adds AutoAttack's standard set)
+    seed: int = 0  # corruption and logit-noise draws
+
+
+@dataclass
+class RobustnessOptions(SweepOptions):
+    """A sweep and how it runs: where the corrupted images come from and what is written (``robustness`` group)."""
+
+    source: str = "computed"  # computed (corrupt the val split) | files (the released -C files under root)
+    root: Optional[str] = None  # with source=files: CIFAR-10-C / CIFAR-100-C (<corruption>.npy) or ImageNet-C
+    max_images: Optional[int] = None  # the first N val images (None = all)
+    baseline: Optional[str] = None  # eval.py: a checkpoint label or path, adds mCE and relative mCE against it
+    plots: bool = True  # corruptions.png, logit_noise.png, resolution.png
+    tensorboard: bool = True  # scalars under <out dir>/tensorboard/<checkpoint>
+    progress: bool = False  # a Rich progress bar over the whole sweep
+
+
+@dataclass
+class PredictOptions:
+    """How :func:`~vitzoo.segmentation.predict` segments; None takes the checkpoint's own value."""
+
+    masks: Optional[str] = None  # true masks (folder, file or glob, paired by stem): score the predictions
+    window: Any = None  # sliding-window size (int or [h, w]); None = the training crop (module.window)
+    overlap: Optional[float] = None  # of a window (module.overlap)
+    flip: Optional[bool] = None  # add the horizontally flipped view (module.flip)
+    probs: bool = False  # also write <name>_probs.npy (float16, classes x H x W)
+    batch_size: int = 8  # windows per forward pass
+    device: str = "auto"  # auto | cpu | cuda | cuda:1
+
+
+SCHEMAS = {
+    "optim": OptimOptions,
+    "mixup": MixupOptions,
+    "module": ClassifierOptions,
+    "transfer": TransferOptions,
+    "robustness": RobustnessOptions,
+    "predict": PredictOptions,
+}
+
+
+def register_configs() -> None:
+    """Store every schema of :data:`SCHEMAS` in Hydra's ConfigStore as ``schema/<name>``, which configs/ names
+    in its defaults lists (``- /schema/module@_here_``); train.py, eval.py and predict.py call it first."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        store.store(group="schema", name=name, node=schema)

@@ -14,8 +14,9 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Subset
 
 from vitzoo.attention.stack import describe
-from vitzoo.options import reject_unknown
+from vitzoo.options import RobustnessOptions, SweepOptions
 from vitzoo.training import load_classifier
+from vitzoo.training.options import options_from
 from vitzoo.utils import write_json
 
 from .adversarial import require_torchattacks
@@ -194,14 +195,8 @@ def evaluate(
     data: Callable[..., Any],
     *,
     baseline: Optional[Union[str, int]] = None,
-    max_images: Optional[int] = None,
     device: Union[str, torch.device] = "cpu",
-    source: str = "computed",
-    root: Optional[str] = None,
     out_dir: Optional[Union[str, os.PathLike]] = None,
-    plots: bool = True,
-    tensorboard: bool = True,
-    progress: bool = False,
     **options: Any,
 ) -> RobustnessResult:
     """Run one robustness sweep over ``models`` on ``data``'s val split.
@@ -209,14 +204,16 @@ def evaluate(
     ``models``: a checkpoint path written by train.py, a model (``vitzoo.create_model``, ``load_exported``: its
     ``pretrained_cfg`` gives the input size and normalisation), or a list / ``{label: ...}`` mapping of them.
     ``data``: a data module class or factory taking ``img_size``, ``mean`` and ``std`` (e.g.
-    ``vitzoo.data.DigitsDataModule``). ``options`` are :class:`~vitzoo.robustness.Sweep`'s fields (``corruptions``,
-    ``severities``, ``protocol``, ``logit_noise``, ``resolutions``, ``adversarial``, ``attack``, ``seed``).
-    ``baseline`` (a label, or an index into ``models``) adds mCE against it; ``source="files"`` with ``root``
-    reads the released -C files.
+    ``vitzoo.data.DigitsDataModule``). ``options`` are :class:`~vitzoo.options.RobustnessOptions`' fields, with
+    their defaults: the sweep (``corruptions``, ``severities``, ``protocol``, ``logit_noise``, ``resolutions``,
+    ``adversarial``, ``attack``, ``seed``), ``source="files"`` with ``root`` (the released -C files),
+    ``max_images``, and what :meth:`RobustnessResult.write` writes (``plots``, ``tensorboard``) and ``progress``.
+    ``baseline`` (a label, or an index into ``models``) adds mCE against it.
     With ``out_dir`` the result also writes its files there (:meth:`RobustnessResult.write`).
     """
-    reject_unknown("robustness", options, [f.name for f in fields(Sweep)])
-    sweep = Sweep(**options)
+    opts = options_from(RobustnessOptions, "robustness", options)
+    sweep = Sweep(**{f.name: getattr(opts, f.name) for f in fields(SweepOptions)})
+    max_images, source, root = opts.max_images, opts.source, opts.root
     if sweep.adversarial and sweep.attack == "autoattack":
         require_torchattacks()  # one error naming the install, before anything is loaded or logged
     entries = _entries(models)
@@ -277,7 +274,7 @@ def evaluate(
             *files.image_size,
         )
     records: List[dict] = []
-    with Progress(progress, len(labels) * len(passes)) as advance:
+    with Progress(opts.progress, len(labels) * len(passes)) as advance:
         for label, (model, hp) in zip(labels, loaded):
             model.to(where)
             for step in passes:
@@ -331,7 +328,7 @@ def evaluate(
         },
     )
     if out_dir is not None:
-        lines = result.write(out_dir, plots=plots, tensorboard=tensorboard)
+        lines = result.write(out_dir, plots=opts.plots, tensorboard=opts.tensorboard)
         for line in [*result.table(), *lines]:
             log.info(line)
     return result

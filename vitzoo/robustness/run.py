@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from vitzoo.options import SweepOptions
 from vitzoo.training import read_checkpoint, run_record
 from vitzoo.utils import instantiate_config
 
@@ -95,31 +96,15 @@ def _check_img_size(img_size: Optional[int], entries: List[Entry]) -> None:
 
 def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
-    rob = cfg.robustness
-    options = {
-        f.name: OmegaConf.to_object(rob[f.name]) if OmegaConf.is_config(rob[f.name]) else rob[f.name]
-        for f in fields(Sweep)
-    }
-    Sweep(**options)  # its one-line errors before any checkpoint is read
-    entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), rob.get("baseline"))
+    options = OmegaConf.to_container(cfg.robustness, resolve=True)
+    baseline = options.pop("baseline")
+    Sweep(**{f.name: options[f.name] for f in fields(SweepOptions)})  # its one-line errors before any checkpoint
+    entries, base_index = _with_baseline(checkpoint_entries(cfg.ckpt_path), baseline)
     _check_img_size(cfg.data.get("img_size"), entries)
     for _, path in entries:
         _warn_if_trained_on_other_data(path, cfg.data)
     data = functools.partial(instantiate_config, cfg.data)
-    result = evaluate(
-        entries,
-        data,
-        baseline=base_index,
-        max_images=rob.get("max_images"),
-        device=cfg.device,
-        source=rob.source,
-        root=rob.root,
-        out_dir=cfg.paths.output_dir,
-        plots=rob.get("plots", True),
-        tensorboard=rob.get("tensorboard", True),
-        progress=rob.get("progress", True),
-        **options,
-    )
+    result = evaluate(entries, data, baseline=base_index, device=cfg.device, out_dir=cfg.paths.output_dir, **options)
     return {
         "summary": result.summary,
         "records": result.records,

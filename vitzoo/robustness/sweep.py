@@ -14,13 +14,14 @@ import math
 import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
 from vitzoo.attention import ZooAttention
 from vitzoo.diagnostics import attention_entropy
+from vitzoo.options import SweepOptions
 from vitzoo.training.evaluate import evaluate
 
 from .adversarial import ATTACKS, adversarial_accuracy
@@ -44,28 +45,19 @@ CLEAN, LOGIT_NOISE, RESOLUTION, ADVERSARIAL = "clean", "logit_noise", "resolutio
 ENTROPY_IMAGES = 32
 
 
-@dataclass(frozen=True)
-class Sweep:
-    """What to measure. ``resolutions`` are factors of the training size (1.5 = 48 px for 32 px training),
-    rounded to a multiple of the model's patch; ``protocol`` None picks CIFAR-C strengths up to 64 px;
-    ``adversarial`` are PGD L-inf radii in grey levels (8 = 8/255 of a [0, 1] image), ``attack`` what runs at
-    each: "pgd" (PGD-10 and FGSM) or "autoattack" (AutoAttack's standard set beside them)."""
-
-    corruptions: Tuple[str, ...] = ()
-    severities: Tuple[int, ...] = (1, 2, 3, 4, 5)
-    protocol: Optional[str] = None
-    logit_noise: Tuple[float, ...] = ()
-    resolutions: Tuple[float, ...] = ()
-    adversarial: Tuple[float, ...] = ()
-    attack: str = "pgd"
-    seed: int = 0
+@dataclass
+class Sweep(SweepOptions):
+    """What to measure (:class:`~vitzoo.options.SweepOptions`' fields, their defaults and meaning), checked: known
+    corruptions and protocol, severities 1..5, sigmas >= 0, positive radii and resolution factors, a known attack.
+    ``resolutions`` are factors of the training size (1.5 = 48 px for 32 px training), rounded to a multiple of
+    the model's patch; ``adversarial`` radii are grey levels (8 = 8/255 of a [0, 1] image)."""
 
     def __post_init__(self):
         for name in ("corruptions", "severities", "logit_noise", "resolutions", "adversarial"):
             value = getattr(self, name)
             if isinstance(value, (str, numbers.Number)):
                 raise ValueError(f"robustness.{name} must be a list, got {value!r}; write e.g. {name}=[{value}]")
-            object.__setattr__(self, name, tuple(value))
+            setattr(self, name, tuple(value))
         valid = list_corruptions()
         unknown = [c for c in self.corruptions if c not in valid]
         if unknown:

@@ -13,12 +13,14 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from vitzoo.options import PredictOptions
 from vitzoo.training import read_checkpoint
+from vitzoo.training.options import options_from
 from vitzoo.training.console import quiet_lightning
 from vitzoo.utils import write_json
 
@@ -70,36 +72,27 @@ def _peak_memory_mib(device: torch.device) -> Tuple[float, str]:
 
 
 @torch.no_grad()
-def predict(
-    ckpt_path: str,
-    input: str,
-    output: str,
-    masks: Optional[str] = None,
-    window: Optional[Union[int, Sequence[int]]] = None,
-    overlap: Optional[float] = None,
-    flip: Optional[bool] = None,
-    probs: bool = False,
-    batch_size: int = 8,
-    device: str = "auto",
-) -> Dict[str, Any]:
+def predict(ckpt_path: str, input: str, output: str, **options: Any) -> Dict[str, Any]:
     """Segment ``input`` (a folder of images, one image or TIFF stack, or a glob) into ``output``; returns the
     summary written to ``<output>/predict.json`` (images/s, peak memory, and ``scores`` when ``masks`` is given).
 
-    ``window`` / ``overlap`` / ``flip`` default to the checkpoint's (``module.window`` = the training crop);
-    ``probs`` also writes ``<name>_probs.npy``; ``batch_size`` windows per forward pass; ``device``:
-    ``auto`` | ``cpu`` | ``cuda`` | ``cuda:1``. configs/predict.yaml documents the same options for predict.py.
+    ``options`` are :class:`~vitzoo.options.PredictOptions`' fields, with their defaults: ``masks`` to score
+    against, ``window`` / ``overlap`` / ``flip`` (None: the checkpoint's; ``module.window`` = the training crop),
+    ``probs`` (also write ``<name>_probs.npy``), ``batch_size`` windows per forward pass, ``device``.
     """
+    opts = options_from(PredictOptions, "predict", options)
+    masks, probs, batch_size = opts.masks, opts.probs, opts.batch_size
     quiet_lightning()
     images = list_images(input)  # before the model: a wrong input costs no loading
     module, data = load_segmenter(ckpt_path)
     hp = module.hparams
     labels = LabelMap(hp.num_classes, hp.ignore_index, data.get("mask_values"), data.get("binary_threshold"))
     in_chans = data.get("in_chans", hp.in_chans)
-    window = window if window is not None else hp.window
-    overlap = overlap if overlap is not None else hp.overlap
-    flip = flip if flip is not None else hp.flip
+    window = opts.window if opts.window is not None else hp.window
+    overlap = opts.overlap if opts.overlap is not None else hp.overlap
+    flip = opts.flip if opts.flip is not None else hp.flip
     samples = _samples(masks, images, data)
-    device = _device(device)
+    device = _device(opts.device)
     module.to(device)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 import vitzoo
 
 from .optim import build_optimizer, build_scheduler, scaled_lr
-from .options import MixupOptions, OptimOptions, options_from
+from .options import ClassifierOptions, MixupOptions, OptimOptions, options_from
 from .resume import ExactResume
 
 __all__ = ["ImageClassifier", "build_model"]
@@ -53,13 +53,11 @@ class ImageClassifier(ExactResume):
 
     All constructor arguments are plain Python values and are saved as hyperparameters, so a
     checkpoint alone rebuilds the network (:func:`build_model`) and its input pipeline
-    (``img_size``, ``mean``, ``std``). ``optim`` keys: lr, weight_decay, betas, warmup_epochs,
-    min_lr_ratio, layer_decay, fused, lr_base_batch (``lr`` is the LR at that global batch, scaled linearly to the
-    run's: :func:`~vitzoo.training.optim.scaled_lr`). ``mixup`` holds timm ``Mixup`` arguments; it is active when
-    ``mixup_alpha`` or ``cutmix_alpha`` is > 0. ``compile`` wraps the network in
-    ``torch.compile`` (in place, so state-dict keys do not change). ``channels_last`` keeps the network's
-    convolution weights and the input batches in NHWC memory format (faster convolutions on tensor-core GPUs;
-    the same numbers, see the tests). Its checkpoints resume exactly (:class:`~vitzoo.training.resume.ExactResume`).
+    (``img_size``, ``mean``, ``std``). The recipe arguments are the fields of
+    :class:`~vitzoo.options.ClassifierOptions` (their defaults and meaning): ``optim`` an
+    :class:`~vitzoo.options.OptimOptions` or a mapping of its fields, ``mixup`` likewise a
+    :class:`~vitzoo.options.MixupOptions`. ``compile`` wraps the network in ``torch.compile`` in place (state-dict
+    keys do not change). Its checkpoints resume exactly (:class:`~vitzoo.training.resume.ExactResume`).
     """
 
     def __init__(
@@ -73,20 +71,29 @@ class ImageClassifier(ExactResume):
         std: Sequence[float] = (0.5, 0.5, 0.5),
         model_kwargs: Optional[Mapping[str, Any]] = None,
         optim: Union[OptimOptions, Mapping[str, Any], None] = None,
-        label_smoothing: float = 0.0,
+        label_smoothing: float = ClassifierOptions.label_smoothing,
         mixup: Union[MixupOptions, Mapping[str, Any], None] = None,
-        compile: bool = False,
-        channels_last: bool = False,
+        compile: bool = ClassifierOptions.compile,
+        channels_last: bool = ClassifierOptions.channels_last,
     ):
         super().__init__()
-        # plain dicts in the hyperparameters, so that a weights_only load reads the checkpoint
-        optim = dataclasses.asdict(options_from(OptimOptions, "module.optim", optim))
-        mixup = dataclasses.asdict(options_from(MixupOptions, "module.mixup", mixup))
+        recipe = options_from(
+            ClassifierOptions,
+            "module",
+            dict(
+                optim=optim or {},
+                label_smoothing=label_smoothing,
+                mixup=mixup or {},
+                compile=compile,
+                channels_last=channels_last,
+            ),
+        )
+        # plain values in the hyperparameters, so that a weights_only load reads the checkpoint
+        optim, mixup = dataclasses.asdict(recipe.optim), dataclasses.asdict(recipe.mixup)
+        label_smoothing, compile, channels_last = recipe.label_smoothing, recipe.compile, recipe.channels_last
         self.save_hyperparameters(logger=False)  # run.train logs the whole config instead
         self.optim, mix = optim, mixup
         self.model = build_model(self.hparams)
-        if not isinstance(channels_last, bool):
-            raise ValueError(f"module.channels_last={channels_last!r}; give true or false")
         if channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.mixup = None
