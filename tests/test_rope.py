@@ -286,3 +286,17 @@ def test_larger_inputs_run_without_resampling(spec):
 def test_rope_is_none_by_default():
     layer = build("softmax", tokens=16)
     assert layer.rope is None and layer.out_gate is None
+
+
+def test_decoupled_under_key_padding_gives_each_image_what_it_gives_alone():
+    """Padded keys' features zeroed and n counted per image: the real rows are the unpadded image's, both paths."""
+    g = torch.Generator().manual_seed(2)
+    fq, fk = (torch.rand(1, H, 9, D, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, H, 9, D, generator=g, dtype=torch.float64)
+    angles = build_rope("axial", D, H).double().angles((2, 3), 1, v)  # 7 real tokens, 2 padded
+    keep = torch.tensor([True] * 7 + [False] * 2)
+    alone = decoupled_attention(fq[:, :, :7], fk[:, :, :7], angles[:, :7], v[:, :, :7])
+    masked = fk * keep[:, None]
+    for path in (decoupled_attention, decoupled_attention_eager):
+        padded = path(fq, masked, torch.cat([angles, angles[:, :2]], dim=1), v, num_keys=7)
+        assert torch.allclose(padded[:, :, :7], alone, atol=1e-12)

@@ -12,7 +12,7 @@ indices of the input's own grid, so a larger input extrapolates (docs/mechanisms
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Tuple, Union
 
 import torch
 
@@ -63,32 +63,55 @@ def rala_angles(grid: Grid, prefix: int, head_dim: int, like: torch.Tensor) -> t
     return torch.cat([rows[:, None] * omega, cols[:, None] * omega], dim=-1).unsqueeze(0)
 
 
+NumKeys = Union[int, torch.Tensor, None]
+
+
+def _normaliser(fq: torch.Tensor, fk: torch.Tensor, eps: float, num_keys: NumKeys) -> torch.Tensor:
+    """fq_i . sum_j fk_j + n eps, (B, H, n, 1); ``num_keys`` is n (the key count, or per image under key padding)."""
+    n = fk.shape[-2] if num_keys is None else num_keys
+    return fq @ fk.sum(dim=-2).unsqueeze(-1) + n * eps
+
+
 def decoupled_attention(
-    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float = 1e-6
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    angles: torch.Tensor,
+    v: torch.Tensor,
+    eps: float = 1e-6,
+    num_keys: NumKeys = None,
 ) -> torch.Tensor:
     """o_i = (R_i fq_i)^T sum_j (R_j fk_j) v_j^T / (fq_i . sum_j fk_j + n eps) for features fq, fk (B, H, n, d)
-    in fp32 or wider; the output in v's dtype."""
+    in fp32 or wider (padded keys' features 0, ``num_keys`` their count); the output in v's dtype."""
     wide = v.to(fq.dtype)
     state = rotate(fk, angles).transpose(-2, -1) @ wide
-    den = fq @ fk.sum(dim=-2).unsqueeze(-1) + fk.shape[-2] * eps
-    return ((rotate(fq, angles) @ state) / den).to(v.dtype)
+    return ((rotate(fq, angles) @ state) / _normaliser(fq, fk, eps, num_keys)).to(v.dtype)
 
 
 def decoupled_attention_eager(
-    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float = 1e-6
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    angles: torch.Tensor,
+    v: torch.Tensor,
+    eps: float = 1e-6,
+    num_keys: NumKeys = None,
 ) -> torch.Tensor:
     """``decoupled_attention``'s eager twin: the signed weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) as an
     n x n matrix, times v."""
     num = rotate(fq, angles) @ rotate(fk, angles).transpose(-2, -1)
-    den = fq @ fk.sum(dim=-2).unsqueeze(-1) + fk.shape[-2] * eps
-    return ((num / den) @ v.to(fq.dtype)).to(v.dtype)
+    return ((num / _normaliser(fq, fk, eps, num_keys)) @ v.to(fq.dtype)).to(v.dtype)
 
 
 DECOUPLED_IMPLS = ("auto", "torch", "eager")  # auto and torch: the O(n) torch path; Triton has no decoupled kernel
 
 
 def decoupled_linear(
-    fq: torch.Tensor, fk: torch.Tensor, angles: torch.Tensor, v: torch.Tensor, eps: float, impl: str
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    angles: torch.Tensor,
+    v: torch.Tensor,
+    eps: float,
+    impl: str,
+    num_keys: NumKeys = None,
 ) -> torch.Tensor:
     """Decoupled RoPE on the path ``impl`` names (a kernel form's ``impl`` option: auto | torch | eager)."""
     if impl not in DECOUPLED_IMPLS:
@@ -96,8 +119,8 @@ def decoupled_linear(
             f"impl={impl!r} with rope: decoupled RoPE has no Triton kernel yet; use impl='auto' (its O(n) torch path)"
         )
     if impl == "eager":
-        return decoupled_attention_eager(fq, fk, angles, v, eps)
-    return decoupled_attention(fq, fk, angles, v, eps)
+        return decoupled_attention_eager(fq, fk, angles, v, eps, num_keys)
+    return decoupled_attention(fq, fk, angles, v, eps, num_keys)
 
 
 def decoupled_probs(

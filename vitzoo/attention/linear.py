@@ -56,14 +56,14 @@ class LinearAttention(ZooAttention):
                 "num_features, or use feature_map elu / relu"
             )
 
-    def decoupled_mix(self, fq, fk, name, v, attn_mask, is_causal, logit_noise):
-        """RoPE in the decoupled form: turned features in the numerator, plain ones in the normaliser (decoupled.py)."""
-        if attn_mask is not None or is_causal:
-            raise ValueError(
-                "rope: decoupled RoPE takes no attn_mask or is_causal yet; drop rope, or use attention='softmax'"
-            )
-        fq, fk = AF._kernel_features(fq, fk, name, logit_noise)
-        return decoupled_linear(fq, fk, self.rope_angles(fq.shape[-2], fq), v, self.eps, self.impl)
+    def decoupled_mix(self, fq, fk, name, v, keys, is_causal, logit_noise):
+        """RoPE in the decoupled form: turned features in the numerator, plain ones in the normaliser (decoupled.py);
+        padded keys (``keys``) are left out of both."""
+        if is_causal:
+            raise ValueError("rope with is_causal: decoupled RoPE has no causal form yet; drop rope or is_causal")
+        fq, fk = AF._kernel_features(fq, fk, name, logit_noise, keys)
+        angles = self.rope_angles(fq.shape[-2], fq)
+        return decoupled_linear(fq, fk, angles, v, self.eps, self.impl, AF.key_count(keys, fk))
 
     def features(self, q, k, key_mask=None):
         """(q, k, name): the raw q, k and the fused map's name, or precomputed features and ``identity`` (a map whose
@@ -78,7 +78,7 @@ class LinearAttention(ZooAttention):
         keys = AF.key_padding(attn_mask)
         fq, fk, name = self.features(q, k, keys)
         if self.rope is not None and self.rope_form == "decoupled":
-            return self.decoupled_mix(fq, fk, name, v, attn_mask, is_causal, logit_noise)
+            return self.decoupled_mix(fq, fk, name, v, keys, is_causal, logit_noise)
         out = AF.linear_attention(
             fq, fk, v.to(fq.dtype), name, self.eps, self.impl, self.causal or is_causal, logit_noise, keys
         )
@@ -88,7 +88,7 @@ class LinearAttention(ZooAttention):
         keys = AF.key_padding(attn_mask)
         fq, fk, name = self.features(q, k, keys)
         if self.rope is not None and self.rope_form == "decoupled":
-            fq, fk = AF._kernel_features(fq, fk, name, 0.0)
+            fq, fk = AF._kernel_features(fq, fk, name, 0.0, keys)
             return decoupled_probs(fq, fk, self.rope_angles(fq.shape[-2], fq), query_index)
         if self.causal or is_causal:
             return AF.kernel_probs(fq, fk, name, self.eps, causal=True, key_mask=keys)[:, :, query_index]
