@@ -300,3 +300,22 @@ def test_decoupled_under_key_padding_gives_each_image_what_it_gives_alone():
     for path in (decoupled_attention, decoupled_attention_eager):
         padded = path(fq, masked, torch.cat([angles, angles[:, :2]], dim=1), v, num_keys=7)
         assert torch.allclose(padded[:, :, :7], alone, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer_decay", [None, 0.75])
+def test_mixed_frequencies_get_no_weight_decay(layer_decay):
+    from vitzoo.training.optim import build_optimizer
+
+    model = vitzoo.create_model(
+        "vit_tiny",
+        attention={"name": "softmax", "rope": "mixed"},
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+    )
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = build_optimizer(model, 1e-3, 0.05, layer_decay=layer_decay).param_groups
+    decay = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decay and not any(".rope." in name for name in decay)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple, Union, cast
 
 import torch
 import torch.fx
@@ -63,6 +63,11 @@ class ZooVisionTransformer(VisionTransformer):
         grid = x.shape[1:3] if self.dynamic_img_size else self.patch_embed.grid_size
         x = share_grid(x, [block.attn for block in self.blocks if isinstance(block.attn, ZooAttention)], grid)
         return super()._pos_embed(x)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """timm's, and RoPE-Mixed's learned frequencies (as timm's ``RotaryEmbeddingMixed`` excludes them)."""
+        return super().no_weight_decay() | {"blocks.*.attn.rope.freqs"}
 
 
 def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
