@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
 from .images import Images, read_rgb
+from .native import collate_native, native_transform
 from .recipes import build_recipe, check_recipe
 from .sampling import EpochSampler, RepeatAugEpochSampler, ResumableLoader, sample_seed
 from .transforms import CROP_PADDING, HFLIP, seed_worker
@@ -74,7 +75,10 @@ class ImageDataModule(L.LightningDataModule):
     :func:`~vitzoo.data.workers.resolve_num_workers`). ``test_dataloader`` serves the val split.
     ``device_cache``: decode each split once into a uint8 tensor on the training device and augment whole
     batches there (:mod:`~vitzoo.data.device_data`); ``None`` = on for CUDA runs with ``img_size`` up to
-    ``DEVICE_CACHE_MAX_SIZE`` whose augmentation the device path implements.
+    ``DEVICE_CACHE_MAX_SIZE`` whose augmentation the device path implements. ``native_resolution``: every image keeps
+    its own size and aspect (longer side at most ``img_size``, sides cut to multiples of ``native_multiple``, the
+    model's patch size; :mod:`~vitzoo.data.native`) and a batch is a list of images, which the ViT runs as one padded,
+    masked batch; it replaces the recipe's transforms with a horizontal flip (cifar recipe, no device cache).
     """
 
     num_classes: int
@@ -95,6 +99,8 @@ class ImageDataModule(L.LightningDataModule):
         crop_pct: Optional[float] = None,
         interpolation: Optional[str] = None,
         repeated_aug: int = 1,
+        native_resolution: bool = False,
+        native_multiple: int = 16,
     ):
         super().__init__()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
@@ -125,6 +131,14 @@ class ImageDataModule(L.LightningDataModule):
                     num_workers,
                 )
         self.device_cache = device_cache
+        if native_resolution and (recipe != "cifar" or device_cache):
+            raise ValueError(
+                "data.native_resolution=true keeps each image's size with its own transform (a flip): set "
+                "data.recipe=cifar and data.device_cache=false"
+            )
+        if not isinstance(native_multiple, int) or native_multiple < 1:
+            raise ValueError(f"data.native_multiple={native_multiple!r}; give the model's patch size (an integer >= 1)")
+        self.native_resolution, self.native_multiple = bool(native_resolution), native_multiple
         self.train_dataset: Optional[ImageDataset] = None
         self.val_dataset: Optional[ImageDataset] = None
         self.device_splits: Optional[dict] = None
@@ -157,7 +171,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def uses_device_cache(self) -> bool:
         """Whether the loaders come from the device path (``device_cache``, or its automatic choice)."""
-        if self.device_cache is not None:
+        if self.device_cache is not None or self.native_resolution:
             return bool(self.device_cache)
         if self.recipe != "cifar" or self._device().type != "cuda" or self.img_size > DEVICE_CACHE_MAX_SIZE:
             return False
@@ -194,10 +208,16 @@ class ImageDataModule(L.LightningDataModule):
         # val_dataset exists on both paths: callbacks and eval.py read single images from it.
         recipe = self.build_recipe() if self.train_dataset is None or self.val_dataset is None else None
         if self.device_splits is None and stage in (None, "fit") and self.train_dataset is None:
-            self.train_dataset = ImageDataset(*self._load("train"), recipe.train, read=recipe.read)
+            self.train_dataset = ImageDataset(*self._load("train"), self._transform(recipe, True), read=recipe.read)
             self._check_batch_size(len(self.train_dataset))
         if self.val_dataset is None:
-            self.val_dataset = ImageDataset(*self._load("val"), recipe.eval, read=recipe.read)
+            self.val_dataset = ImageDataset(*self._load("val"), self._transform(recipe, False), read=recipe.read)
+
+    def _transform(self, recipe, train: bool):
+        """The recipe's training or eval transform, or each image at its own size (``native_resolution``)."""
+        if self.native_resolution:
+            return native_transform(self.img_size, self.native_multiple, self.mean, self.std, train)
+        return recipe.train if train else recipe.eval
 
     def build_recipe(self):
         """The transforms of ``data.recipe`` at this module's size and statistics."""
@@ -253,6 +273,7 @@ class ImageDataModule(L.LightningDataModule):
             pin_memory=self.pin_memory and self._device().type == "cuda",
             persistent_workers=self.num_workers > 0,
             worker_init_fn=partial(seed_worker, rank=rank) if self.num_workers > 0 else None,
+            collate_fn=collate_native if self.native_resolution else None,
         )
         if not train:
             return DataLoader(dataset, batch_size=self.eval_batch_size, **common)

@@ -15,7 +15,8 @@ __all__ = ["AttentionEntropy"]
 class AttentionEntropy(L.Callback):
     """Log each attention layer's mean normalised entropy (H / log n) at init and after every validation epoch.
 
-    Measured on the first ``num_images`` val images (the same ones every time), logged as
+    Measured on the first ``num_images`` val images (the same ones every time; at native resolution those of the
+    first one's size), logged as
     ``entropy/<layer name>``; 1 means uniform attention, 0 one-hot. The values of the untrained
     network go to the logger at step 0 as ``entropy_init/<layer name>`` and are kept in
     ``initial`` (saved in checkpoints, so a resumed run still knows them).
@@ -31,7 +32,8 @@ class AttentionEntropy(L.Callback):
             if trainer.datamodule.val_dataset is None:
                 trainer.datamodule.setup("validate")
             dataset = trainer.datamodule.val_dataset
-            self._images = torch.stack([dataset[i][0] for i in range(min(self.num_images, len(dataset)))])
+            images = [dataset[i][0] for i in range(min(self.num_images, len(dataset)))]
+            self._images = torch.stack([image for image in images if image.shape == images[0].shape])
         return attention_entropy(pl_module.model, self._images.to(pl_module.device), self.max_queries)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -108,7 +108,10 @@ class ImageClassifier(ExactResume):
         if compile:
             self.model.compile()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
+        """Logits of a batch tensor, or of a list of images of their own sizes (data.native_resolution)."""
+        if isinstance(images, list):
+            return self.model(images)
         if self.hparams.get("channels_last"):  # absent from checkpoints written before the option
             images = images.contiguous(memory_format=torch.channels_last)
         return self.model(images)
@@ -116,6 +119,11 @@ class ImageClassifier(ExactResume):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, labels = batch
         if self.mixup is not None:
+            if isinstance(images, list):
+                raise ValueError(
+                    "mixup / cutmix blend images of one size; with data.native_resolution=true set "
+                    "module.mixup.mixup_alpha=0 and module.mixup.cutmix_alpha=0"
+                )
             images, soft = self.mixup(images, labels)
             loss = self.soft_ce(self(images), soft)
         else:
