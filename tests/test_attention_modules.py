@@ -142,7 +142,7 @@ REFUSES = {
     "linformer": ("attn_mask", "is_causal"),
     "nystrom": ("is_causal",),
     "window": ("attn_mask", "is_causal"),
-    "pola": ("attn_mask", "is_causal"),
+    "pola": ("is_causal",),
     "inline": ("is_causal",),
     "mlla": ("attn_mask", "is_causal"),
     "rala": ("attn_mask", "is_causal"),

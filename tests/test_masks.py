@@ -87,6 +87,8 @@ LINEAR_SPECS = [
     "performer",
     {"name": "performer", "scale": "log_n"},
     {"name": "focused_linear", "pos_embed": False},
+    "focused_linear",
+    "pola",
     "efficient",
     {"name": "hydra", "rescale": True},
     "inline",
@@ -104,8 +106,9 @@ def test_padded_batch_gives_each_image_what_it_gives_alone(spec, form):
     layer = layer.double().eval()
     xs = images(GRIDS, prefix, dim)
     x, mask, canvas = pad_tokens(xs, GRIDS, prefix)
-    layer.token_grid = canvas
+    layer.token_grid, layer.image_grids = canvas, tuple(GRIDS)  # as the ViT sets them (share_grid)
     out = layer(x, attn_mask=mask if form == "keys" else symmetric(mask))
+    layer.image_grids = None
     for i, (grid, xi) in enumerate(zip(GRIDS, xs)):
         layer.token_grid = grid
         torch.testing.assert_close(unpad(out, i, grid, canvas, prefix), layer(xi), rtol=1e-10, atol=1e-12)

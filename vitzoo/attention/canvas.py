@@ -13,7 +13,7 @@ import torch
 
 from .rope import Rope, with_prefix
 
-__all__ = ["on_canvas", "canvas_valid", "canvas_rope"]
+__all__ = ["on_canvas", "tables_on_canvas", "canvas_valid", "canvas_rope"]
 
 Grid = Tuple[int, int]
 
@@ -26,6 +26,16 @@ def on_canvas(tables: Sequence[torch.Tensor], grids: Sequence[Grid], canvas: Gri
     for b, (table, (h, w)) in enumerate(zip(tables, grids)):
         out[b, :h, :w] = table.reshape(h, w, *table.shape[1:])
     return out.flatten(1, 2)
+
+
+def tables_on_canvas(
+    tables: Sequence[torch.Tensor], grids: Sequence[Grid], canvas: Grid, prefix: int, dim: int
+) -> torch.Tensor:
+    """Per-image tables whose axis ``dim`` runs over ``prefix`` + h_b * w_b tokens as one table with a leading batch
+    axis, that axis over the canvas's prefix + H * W tokens (prefix rows as they are, grid rows ``on_canvas``)."""
+    moved = [t.movedim(dim, 0) for t in tables]
+    grid = on_canvas([t[prefix:] for t in moved], grids, canvas)
+    return torch.cat([torch.stack([t[:prefix] for t in moved]), grid], dim=1).movedim(1, dim + 1)
 
 
 def canvas_valid(grids: Sequence[Grid], canvas: Grid, prefix: int, device=None) -> torch.Tensor:

@@ -119,10 +119,9 @@ class FocusedLinearAttention(LinearAttention, GridBoundAttention):
     def features(self, q, k, key_mask=None):
         """phi(q) and phi(k + P) / n: the sums over keys become FLatten's means (its eps is on the mean; n counts the
         keys of ``key_mask``)."""
-        n = k.shape[-2]
         if self.pos is not None:
-            H, D = k.shape[1], k.shape[3]
-            k = k + self.pos(self.target_layout(n)).to(k.dtype).reshape(n, H, D).transpose(0, 1)
+            H, D = k.shape[1], k.shape[3]  # P: (n, H*D), or (B, n, H*D) with a table per image
+            k = k + self.layout_table(self.pos, k.shape[-2], 0).to(k.dtype).unflatten(-1, (H, D)).movedim(-2, -3)
         return self.phi(q, is_query=True), self.phi(k, is_query=False) / AF.key_count(key_mask, k), "identity"
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):

@@ -10,7 +10,7 @@ token count it resamples them (``interpolate: true``) or raises a ValueError nam
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from . import functional as AF
 from .base import ZooAttention
+from .canvas import tables_on_canvas
 
 __all__ = ["Layout", "resample_tokens", "GridModule", "GridBoundAttention"]
 
@@ -117,6 +118,22 @@ class GridBoundAttention(ZooAttention):
         super().__init__(dim, num_heads, *args, **kwargs)
         self.interpolate = interpolate
         self.built_layout = _built_layout(self.num_tokens, self.num_prefix_tokens, self.grid_size, type(self).__name__)
+
+    def layout_table(self, table: Callable[[Layout], torch.Tensor], num_tokens: int, dim: int) -> torch.Tensor:
+        """``table(layout)`` (token axis ``dim``) at the current input; for a variable-size batch (``image_grids``)
+        each image's table at its own grid, on the canvas, with a leading batch axis."""
+        if self.image_grids is None:
+            return table(self.target_layout(num_tokens))
+        built, canvas = self.built_layout, self.current_grid(num_tokens)
+        layouts = {g: Layout(built.prefix, *g) for g in self.image_grids}
+        moved = [g for g, layout in layouts.items() if layout != built]
+        if moved and not self.interpolate:
+            raise ValueError(
+                f"{type(self).__name__} was built for {built} but this batch has images of grids {sorted(moved)}; set "
+                f"interpolate: true to resample its {self.resampled} to each image's grid"
+            )
+        tables = {g: table(layout) for g, layout in layouts.items()}
+        return tables_on_canvas([tables[g] for g in self.image_grids], self.image_grids, canvas, built.prefix, dim)
 
     def target_layout(self, num_tokens: int) -> Layout:
         """The layout of an input of ``num_tokens`` tokens (the built one when nothing changed)."""

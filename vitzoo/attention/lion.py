@@ -1,8 +1,10 @@
 """LION (Afzal et al. 2025): bidirectional linear attention with a decay mask, A_ij = phi(q_i).phi(k_j) M_ij,
 o_i = sum_j A_ij v_j / (sum_j A_ij + eps / tau). ``decay``: ``none`` (LION-Lit, M = 1, elu+1 features),
 ``fixed`` (LION-D, M_ij = lambda_h^|i-j|) or ``selective`` (LION-S, M_ij = the product of the gates lambda_s over
-s between i and j, the key's own included, the query's not). Tokens are in the backbone's order: prefix (class)
-tokens first, then the grid in raster order. The mathematics: docs/mechanisms.md section 18.
+s between i and j, the key's own included, the query's not). ``order``: ``raster`` (the backbone's order: prefix
+(class) tokens first, then the grid row by row) or ``snake`` (the paper's LION-D/S with natural symbols: the mean
+of two masks, one over a row snake and one over a column snake of the grid, each with its own decay parameters).
+The mathematics: docs/mechanisms.md section 18.
 
 The masked forms run chunk by chunk in O(n (c + d) d): a forward and a backward scan over chunks of ``chunk``
 tokens carry the decayed state sum_j M_ij phi(k_j) [v_j, 1]^T, the c x c blocks on the diagonal are formed
@@ -22,9 +24,22 @@ from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
 
-__all__ = ["LionAttention", "DECAYS", "lion_features", "decay_mask", "lion_masked", "lion_chunked"]
+__all__ = [
+    "LionAttention",
+    "DECAYS",
+    "ORDERS",
+    "lion_features",
+    "decay_mask",
+    "lion_masked",
+    "lion_chunked",
+    "snake_orders",
+    "lion_snake",
+    "lion_snake_masked",
+    "snake_mask",
+]
 
 DECAYS = ("none", "fixed", "selective")
+ORDERS = ("raster", "snake")
 
 
 def lion_features(x: torch.Tensor, decay: str) -> torch.Tensor:
@@ -91,15 +106,95 @@ def _forward_scan(
     return out.flatten(2, 3)[:, :, :N]
 
 
+def _scanned_sums(fq: torch.Tensor, fk: torch.Tensor, wide: torch.Tensor, log_gates: torch.Tensor, chunk: int):
+    """sum_j M_ij (fq_i.fk_j) [v_j, 1] (``wide`` carries the ones column): both scans, the diagonal once."""
+    forward = _forward_scan(fq, fk, wide, log_gates, chunk)
+    backward = _forward_scan(fq.flip(2), fk.flip(2), wide.flip(2), log_gates.flip(-1), chunk).flip(2)
+    return forward + backward - (fq * fk).sum(-1, keepdim=True) * wide
+
+
+def _widened(fq: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.cat([v.to(fq.dtype), torch.ones_like(v[..., :1], dtype=fq.dtype)], dim=-1)
+
+
 def lion_chunked(
     fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, eps: float = 1e-6, chunk: int = 64
 ) -> torch.Tensor:
     """``lion_masked``'s output in O(n (c + d) d): a forward and a backward chunked scan, the diagonal once."""
-    wide = torch.cat([v.to(fq.dtype), torch.ones_like(v[..., :1], dtype=fq.dtype)], dim=-1)
-    forward = _forward_scan(fq, fk, wide, log_gates, chunk)
-    backward = _forward_scan(fq.flip(2), fk.flip(2), wide.flip(2), log_gates.flip(-1), chunk).flip(2)
-    both = forward + backward - (fq * fk).sum(-1, keepdim=True) * wide
+    both = _scanned_sums(fq, fk, _widened(fq, v), log_gates, chunk)
     return (both[..., :-1] / (both[..., -1:] + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+
+
+def snake_orders(grid: Tuple[int, int], num_prefix: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The two sequence orders of LION's natural-symbol variants as token indices (sequence position -> index in
+    the backbone's order): prefix tokens first, then the row snake (even rows left to right, odd rows right to
+    left) and the column snake (even columns top to bottom, odd columns bottom to top)."""
+    h, w = grid
+    raster = torch.arange(h * w, device=device).view(h, w)
+    rows = torch.where(torch.arange(h, device=device)[:, None] % 2 == 1, raster.flip(1), raster)
+    cols = torch.where(torch.arange(w, device=device)[:, None] % 2 == 1, raster.T.flip(1), raster.T)
+    prefix = torch.arange(num_prefix, device=device)
+    return torch.cat([prefix, rows.flatten() + num_prefix]), torch.cat([prefix, cols.flatten() + num_prefix])
+
+
+def lion_snake(
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    v: torch.Tensor,
+    log_gates: Tuple[torch.Tensor, torch.Tensor],
+    orders: Tuple[torch.Tensor, torch.Tensor],
+    eps: float = 1e-6,
+    chunk: int = 64,
+) -> torch.Tensor:
+    """The natural-symbol form, M = (M^row + M^col) / 2: each order's masked sums by the chunked scans over the
+    tokens taken in that order (``log_gates``, in the backbone's order, one tensor per order), put back in the
+    backbone's order, averaged, then divided once; O(n (c + d) d)."""
+    wide = _widened(fq, v)
+    total = None
+    for gates, order in zip(log_gates, orders):
+        back = torch.argsort(order)
+        sums = _scanned_sums(fq[:, :, order], fk[:, :, order], wide[:, :, order], gates[..., order], chunk)
+        total = sums[:, :, back] if total is None else total + sums[:, :, back]
+    assert total is not None
+    total = total / 2
+    return (total[..., :-1] / (total[..., -1:] + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+
+
+def snake_mask(
+    log_gates: Tuple[torch.Tensor, torch.Tensor],
+    orders: Tuple[torch.Tensor, torch.Tensor],
+    query_index: torch.Tensor,
+) -> torch.Tensor:
+    """(M^row + M^col) / 2 in the backbone's order for the queries ``query_index`` (B, H, Q, n):
+    M[p, p'] = M_seq[pos(p), pos(p')] per order, pos the token's place in that order."""
+    total = None
+    for gates, order in zip(log_gates, orders):
+        pos = torch.argsort(order)
+        mask = decay_mask(gates[..., order], pos[query_index])[..., pos]
+        total = mask if total is None else total + mask
+    assert total is not None
+    return total / 2
+
+
+def lion_snake_masked(
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    v: torch.Tensor,
+    log_gates: Tuple[torch.Tensor, torch.Tensor],
+    orders: Tuple[torch.Tensor, torch.Tensor],
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The quadratic natural-symbol form: A = (fq fk^T) * (M^row + M^col) / 2, o = A v / (A 1 + eps / tau)."""
+    attn = (fq @ fk.transpose(-2, -1)) * snake_mask(log_gates, orders, torch.arange(fq.shape[-2], device=fq.device))
+    return ((attn @ v.to(attn.dtype)) / (attn.sum(-1, keepdim=True) + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+
+
+def _gate(dim: int, num_heads: int, dd: Dict[str, Any]) -> nn.Linear:
+    """LION-S's gate Linear C -> H: trunc-normal std 0.02, bias 0."""
+    gate = nn.Linear(dim, num_heads, **dd)
+    nn.init.trunc_normal_(gate.weight, std=0.02)
+    nn.init.zeros_(gate.bias)
+    return gate
 
 
 @register_attention("lion")
@@ -109,9 +204,11 @@ class LionAttention(ZooAttention):
     ``fixed``: lambda_h = sigmoid(a_h), a_h one trainable scalar per head drawn from N(0, 1). ``selective``:
     lambda_t = 1 - sigmoid(w_h . x_t + b_h) from a Linear C -> H on the layer's input (trunc-normal std 0.02,
     bias 0; trainable), computed in fp32; prefix tokens' gates are 1. ``none`` runs the fused kernel path (``impl``),
-    the masks the chunked scans (``chunk`` tokens per chunk). Nothing is tied to the token count: a new grid
-    changes the raster distances (vertical neighbours are w apart). Logit noise is the factor exp(eps_j) on
-    phi(k_j).
+    the masks the chunked scans (``chunk`` tokens per chunk). ``order``: ``raster`` or ``snake`` (the mean of the
+    masks over a row snake and a column snake of the current grid, the prefix tokens first in both; the column
+    order has its own ``decay_logit_col`` or ``gate_col``; needs a mask, so not with ``decay='none'``). Nothing
+    is tied to the token count: a new grid changes the raster distances (vertical neighbours are w apart) or
+    the snakes. Logit noise is the factor exp(eps_j) on phi(k_j).
     """
 
     has_logits = False
@@ -124,6 +221,7 @@ class LionAttention(ZooAttention):
         num_heads: int = 8,
         *args,
         decay: str = "fixed",
+        order: str = "raster",
         chunk: int = 64,
         eps: float = 1e-6,
         impl: str = "auto",
@@ -132,26 +230,34 @@ class LionAttention(ZooAttention):
         super().__init__(dim, num_heads, *args, **kwargs)
         if decay not in DECAYS:
             raise ValueError(f"unknown lion decay={decay!r}; choose one of {list(DECAYS)}")
+        if order not in ORDERS:
+            raise ValueError(f"unknown lion order={order!r}; choose one of {list(ORDERS)}")
+        if order == "snake" and decay == "none":
+            raise ValueError("lion order='snake' changes only the decay mask; use decay='fixed' or 'selective'")
         if int(chunk) != chunk or chunk < 1:
             raise ValueError(f"lion chunk={chunk!r} must be a positive number of tokens")
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")
         dd: Dict[str, Any] = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.decay, self.chunk, self.eps, self.impl = decay, int(chunk), eps, impl
+        self.order = order
         self.decay_logit = nn.Parameter(torch.randn(num_heads, **dd)) if decay == "fixed" else None
-        self.gate = None
-        if decay == "selective":
-            self.gate = nn.Linear(dim, num_heads, **dd)
-            nn.init.trunc_normal_(self.gate.weight, std=0.02)
-            nn.init.zeros_(self.gate.bias)
+        self.gate = _gate(dim, num_heads, dd) if decay == "selective" else None
+        # the column snake's own parameters (the official a2_h / second gate Linear)
+        snake = order == "snake"
+        self.decay_logit_col = nn.Parameter(torch.randn(num_heads, **dd)) if snake and decay == "fixed" else None
+        self.gate_col = _gate(dim, num_heads, dd) if snake and decay == "selective" else None
 
-    def log_gates(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """log lambda per head and token, (B, H, n) (``fixed``: (1, H, n)) in ``like``'s dtype."""
+    def log_gates(self, x: torch.Tensor, like: torch.Tensor, column: bool = False) -> torch.Tensor:
+        """log lambda per head and token, (B, H, n) (``fixed``: (1, H, n)) in ``like``'s dtype, in the backbone's
+        token order; ``column``: the column snake's parameters."""
         if self.decay == "fixed":
-            assert self.decay_logit is not None  # built for decay='fixed'
-            return F.logsigmoid(AF.acc(self.decay_logit)).to(like.dtype)[None, :, None].expand(1, -1, x.shape[1])
-        assert self.gate is not None  # built for decay='selective' (decay='none' has no gates)
-        logits = F.linear(AF.acc(x), AF.acc(self.gate.weight), AF.acc(self.gate.bias)).transpose(1, 2)
+            logit = self.decay_logit_col if column else self.decay_logit
+            assert logit is not None  # built for decay='fixed' (the column one for order='snake')
+            return F.logsigmoid(AF.acc(logit)).to(like.dtype)[None, :, None].expand(1, -1, x.shape[1])
+        gate = self.gate_col if column else self.gate
+        assert gate is not None  # built for decay='selective' (decay='none' has no gates)
+        logits = F.linear(AF.acc(x), AF.acc(gate.weight), AF.acc(gate.bias)).transpose(1, 2)
         gates = F.logsigmoid(-logits).to(like.dtype)  # log(1 - sigmoid(z))
         prefix = torch.arange(x.shape[1], device=x.device) < self.num_prefix_tokens
         return gates.masked_fill(prefix, 0.0)
@@ -166,14 +272,24 @@ class LionAttention(ZooAttention):
         if self.decay == "none":
             eps = self.eps * self.head_dim**0.5
             return AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", eps, self.impl).to(v.dtype)
+        if self.order == "snake":
+            return lion_snake(fq, fk, v, self._snake_gates(x, fq), self._orders(x), self.eps, self.chunk)
         return lion_chunked(fq, fk, v, self.log_gates(x, fq), self.eps, self.chunk)
+
+    def _orders(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return snake_orders(self.current_grid(x.shape[1]), self.num_prefix_tokens, x.device)
+
+    def _snake_gates(self, x: torch.Tensor, like: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.log_gates(x, like), self.log_gates(x, like, column=True)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         fq, fk = self.features(q, k)
         attn = fq[:, :, query_index] @ fk.transpose(-2, -1)
-        if self.decay != "none":
+        if self.order == "snake":
+            attn = attn * snake_mask(self._snake_gates(x, fq), self._orders(x), query_index)
+        elif self.decay != "none":
             attn = attn * decay_mask(self.log_gates(x, fq), query_index)
         return attn / (attn.sum(-1, keepdim=True) + self.eps * self.head_dim**0.5)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", decay={self.decay}, chunk={self.chunk}"
+        return super().extra_repr() + f", decay={self.decay}, order={self.order}, chunk={self.chunk}"

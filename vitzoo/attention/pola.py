@@ -5,7 +5,7 @@ by the heads restores rank, a linear gate multiplies the result. The mathematics
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -47,23 +47,32 @@ def polarity_features(
 
 
 def pola_attention(
-    fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float = 1e-6, impl: str = "auto"
+    fs: torch.Tensor,
+    fo: torch.Tensor,
+    fk: torch.Tensor,
+    v: torch.Tensor,
+    eps: float = 1e-6,
+    impl: str = "auto",
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """[A^S v1, A^O v2] by the kernel path: v1, v2 are the halves of each head's values, A^S, A^O the row-normalised
-    phi_S(q).phi(k) and phi_O(q).phi(k); ``eps`` relative to the mean over keys (n eps on the sums)."""
-    half, eps = v.shape[-1] // 2, eps * fk.shape[-2]
+    phi_S(q).phi(k) and phi_O(q).phi(k) over the keys of ``key_mask``; ``eps`` relative to the mean over keys (n eps
+    on the sums, as eps on the sums of queries divided by n)."""
+    half, n = v.shape[-1] // 2, AF.key_count(key_mask, fk)
     wide = v.to(fk.dtype)
-    same = AF.linear_attention(fs, fk, wide[..., :half], "identity", eps, impl)
-    opposite = AF.linear_attention(fo, fk, wide[..., half:], "identity", eps, impl)
+    same = AF.linear_attention(fs / n, fk, wide[..., :half], "identity", eps, impl, key_mask=key_mask)
+    opposite = AF.linear_attention(fo / n, fk, wide[..., half:], "identity", eps, impl, key_mask=key_mask)
     return torch.cat([same, opposite], dim=-1).to(v.dtype)
 
 
-def pola_probs(fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor) -> torch.Tensor:
+def pola_probs(
+    fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor, key_mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """(A^S + A^O) / 2 with A the row-normalised similarities: each key's share of a query's mix, averaged over the
     two halves of the value channels (the output's eps, relative to the mean over keys, is left out: with tiny
     features it leaves the output's rows short of 1, the shares still sum to 1)."""
     tiny = torch.finfo(fk.dtype).tiny
-    keys = fk.transpose(-2, -1)
+    keys = AF.mask_keys(fk, key_mask).transpose(-2, -1)
     shares = [s / s.sum(-1, keepdim=True).clamp_min(tiny) for s in (fs @ keys, fo @ keys)]
     return (shares[0] + shares[1]) / 2
 
@@ -77,7 +86,8 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
     mixes the first half of each head's values, the opposite-sign stream the second; the normaliser's ``eps`` is
     relative to the mean over keys. DWC is a ``kernel_size`` depthwise conv of the head's d channels, shared by the
     heads, on grid tokens only (prefix rows get none). P's grid rows are resampled at another token layout
-    (``interpolate``). Logit noise is the per-key factor exp(eps_j) on phi(k_j), shared by both streams.
+    (``interpolate``). Logit noise is the per-key factor exp(eps_j) on phi(k_j), shared by both streams. A key-padding
+    ``attn_mask`` leaves the padded keys out of both streams and shows them to the conv as 0.
     """
 
     no_rope = (
@@ -85,7 +95,6 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
         "implemented; use attention='linear' or 'mlla' with rope"
     )
     has_logits = False
-    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
     no_causal = "its conv and key positions see both sides; use attention='linear' with causal: true"
     resampled = "key positions P"
 
@@ -119,7 +128,7 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
 
     def features(self, q, k):
         """(phi_S(q), phi_O(q), phi(k)) after the key positions and the scale."""
-        k = k + self.key_positions(self.target_layout(k.shape[-2]))
+        k = k + self.layout_table(self.key_positions, k.shape[-2], 1)  # (H, n, d), or (B, H, n, d) per image
         scale = F.softplus(AF.acc(self.scale))
         power = 1 + self.alpha * torch.sigmoid(AF.acc(self.power))
         return polarity_features(AF.acc(q) / scale, AF.acc(k) / scale, power)
@@ -129,16 +138,17 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
         noise = AF.key_noise(k, logit_noise)
         if noise is not None:
             fk = fk * noise.exp()
-        out = pola_attention(fs, fo, fk, v, self.eps, self.impl)
+        keys = AF.key_padding(attn_mask)
+        out = pola_attention(fs, fo, fk, v, self.eps, self.impl, keys)
         if self.dwc is None:
             return out
         B, H, N, D = v.shape
-        conv = self.dwc.over_grid(v.reshape(B * H, 1, N, D), self.current_grid(N), self.num_prefix_tokens)
-        return out + conv.reshape(B, H, N, D)
+        v = AF.mask_keys(v, keys).reshape(B * H, 1, N, D)
+        return out + self.dwc.over_grid(v, self.current_grid(N), self.num_prefix_tokens).reshape(B, H, N, D)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         fs, fo, fk = self.features(q, k)
-        return pola_probs(fs[:, :, query_index], fo[:, :, query_index], fk)
+        return pola_probs(fs[:, :, query_index], fo[:, :, query_index], fk, AF.key_padding(attn_mask))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", alpha={self.alpha}, impl={self.impl}"
