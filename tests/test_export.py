@@ -20,7 +20,10 @@ from vitzoo.training import ImageClassifier, load_classifier, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_VIT = dict(depth=4, embed_dim=32, num_heads=2, patch_size=4)
-MECHANISMS = [{"name": name} for name in vitzoo.list_attentions()] + [{"name": "softmax", "scale": "log_n"}]
+MECHANISMS = [{"name": name} for name in vitzoo.list_attentions()] + [
+    {"name": "softmax", "scale": "log_n"},
+    {"name": "linear", "rope": "mixed", "gate": "head"},  # RoPE's learned frequencies and the gate travel too
+]
 
 
 def _checkpoint(path: Path, arch: str = "vit_cifar", attention="softmax", model_kwargs=SMALL_VIT) -> Path:
