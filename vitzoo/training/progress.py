@@ -217,10 +217,12 @@ def closing_summary(trainer: L.Trainer, run_dir: Path, seconds: float) -> str:
     run_dir = run_dir.resolve()
     parts = [f"finished {trainer.current_epoch} epoch(s), step {trainer.global_step}, in {_duration(seconds)}"]
     best = trainer.checkpoint_callback
-    if best is not None and best.best_model_path:
+    if best is not None and best.best_model_path and best.best_model_score is not None:
         epoch = _best_epoch(best.best_model_path)
         at = f" at epoch {epoch + 1}" if epoch is not None else ""  # counted from 1, as the log lines are
         parts.append(f"best {best.monitor} {float(best.best_model_score):.4g}{at} ({rel(best.best_model_path)})")
+    elif best is not None and best.best_model_path:  # a checkpoint without a monitor: the newest
+        parts.append(f"checkpoint {rel(best.best_model_path)}")
     written = [p for c in trainer.checkpoint_callbacks for p in (c.last_model_path, c.best_model_path) if p]
     last = next((p for p in written if Path(p).name == "last.ckpt"), None)
     if last:
