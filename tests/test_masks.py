@@ -104,6 +104,10 @@ def test_padded_batch_gives_each_image_what_it_gives_alone(spec, form):
     prefix, dim = 1, 16
     layer = build_attention(spec, dim, num_heads=2, num_tokens=17, num_prefix_tokens=prefix, grid_size=(4, 4))
     layer = layer.double().eval()
+    with torch.no_grad():  # learned position tables start at 0: give them values, so each image's own table shows
+        for name, p in layer.named_parameters():
+            if "pos" in name:
+                p.normal_()
     xs = images(GRIDS, prefix, dim)
     x, mask, canvas = pad_tokens(xs, GRIDS, prefix)
     layer.token_grid, layer.image_grids = canvas, tuple(GRIDS)  # as the ViT sets them (share_grid)

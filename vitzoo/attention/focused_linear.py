@@ -121,7 +121,9 @@ class FocusedLinearAttention(LinearAttention, GridBoundAttention):
         keys of ``key_mask``)."""
         if self.pos is not None:
             H, D = k.shape[1], k.shape[3]  # P: (n, H*D), or (B, n, H*D) with a table per image
-            k = k + self.layout_table(self.pos, k.shape[-2], 0).to(k.dtype).unflatten(-1, (H, D)).movedim(-2, -3)
+            pos = self.layout_table(self.pos, k.shape[-2], 0).to(k.dtype)
+            last = pos.dim() - 1  # non-negative axes: the TorchScript ONNX exporter copies negative ones into perm
+            k = k + pos.unflatten(last, (H, D)).transpose(last - 1, last)
         return self.phi(q, is_query=True), self.phi(k, is_query=False) / AF.key_count(key_mask, k), "identity"
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
