@@ -169,6 +169,17 @@ def test_kernel_forms_take_decoupled_rope_as_the_float64_reference(spec):
     assert torch.allclose(layer(x), module_out(layer, heads), atol=1e-10)
 
 
+def test_efficient_takes_decoupled_rope_as_the_float64_reference():
+    """o_i = sum_j (R_i softmax_D(q_i)).(R_j softmax_N(k)_j) v_j: its plain normaliser is 1."""
+    layer = build({"name": "efficient", "rope": "mixed"}, dim=16, num_heads=H, tokens=17, prefix=1).double()
+    x = torch.randn(2, 17, 16, dtype=torch.float64)
+    q, k, v = module_qkv(layer, x)
+    qs, ks = q.softmax(dim=-1), k.softmax(dim=-2)
+    angles = layer.rope.angles((4, 4), 1, x)
+    heads = (rotate_complex(qs, angles) @ rotate_complex(ks, angles).transpose(-2, -1)) @ v
+    assert torch.allclose(layer(x), module_out(layer, heads), atol=1e-10)
+
+
 def test_decoupled_o_n_path_equals_its_eager_twin_with_gradients():
     g = torch.Generator().manual_seed(0)
     fq, fk = (torch.rand(2, H, 13, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
