@@ -95,6 +95,7 @@ LINEAR_SPECS = [
     {"name": "nystrom", "num_landmarks": 3},
     {"name": "nystrom", "num_landmarks": 3, "scale": "log_n"},
     {"name": "nystrom", "num_landmarks": 64},
+    {"name": "lion", "decay": "none"},
 ]
 
 
@@ -126,6 +127,13 @@ def test_masked_probs_put_no_weight_on_padded_keys():
     rows = layer.probs(x, q, k, mask, False, torch.arange(x.shape[1]))
     assert (rows.masked_select(~mask) == 0).all()
     torch.testing.assert_close(rows.sum(-1), torch.ones_like(rows[..., 0]), rtol=1e-5, atol=0)
+
+
+def test_lion_with_a_decay_refuses_a_mask_in_one_line():
+    layer = build_attention({"name": "lion", "decay": "fixed"}, 16, num_heads=2, grid_size=(2, 2))
+    with pytest.raises(ValueError, match="takes no attn_mask: with decay=fixed.*or decay: none") as err:
+        layer(torch.randn(1, 4, 16), attn_mask=torch.ones(1, 1, 1, 4, dtype=torch.bool))
+    assert "\n" not in str(err.value)
 
 
 def test_linear_refuses_a_query_dependent_mask_in_one_line():

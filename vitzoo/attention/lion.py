@@ -208,11 +208,11 @@ class LionAttention(ZooAttention):
     masks over a row snake and a column snake of the current grid, the prefix tokens first in both; the column
     order has its own ``decay_logit_col`` or ``gate_col``; needs a mask, so not with ``decay='none'``). Nothing
     is tied to the token count: a new grid changes the raster distances (vertical neighbours are w apart) or
-    the snakes. Logit noise is the factor exp(eps_j) on phi(k_j).
+    the snakes. Logit noise is the factor exp(eps_j) on phi(k_j). A key-padding ``attn_mask``: ``decay: none`` leaves
+    the padded keys out; the decays refuse it (padding changes the token order they run along).
     """
 
     has_logits = False
-    no_mask = "its decay mask is the only mask it takes; use attention='softmax' for masked inputs"
     no_causal = "it is bidirectional; use attention='linear' with causal: true"
 
     def __init__(
@@ -267,11 +267,22 @@ class LionAttention(ZooAttention):
         noise = AF.key_noise(k, logit_noise)
         return fq, fk if noise is None else fk * noise.exp()
 
+    def key_padding(self, attn_mask):
+        """The key mask of ``attn_mask`` (``decay: none`` only: a decay runs along the whole grid's token order)."""
+        if attn_mask is not None and self.decay != "none":
+            raise ValueError(
+                f"{type(self).__name__} takes no attn_mask: with decay={self.decay} its decay runs along the token "
+                "order of the whole grid, which padding changes; use attention='softmax', or decay: none"
+            )
+        return AF.key_padding(attn_mask)
+
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
+        keys = self.key_padding(attn_mask)
         fq, fk = self.features(q, k, logit_noise)
         if self.decay == "none":
             eps = self.eps * self.head_dim**0.5
-            return AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", eps, self.impl).to(v.dtype)
+            out = AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", eps, self.impl, key_mask=keys)
+            return out.to(v.dtype)
         if self.order == "snake":
             return lion_snake(fq, fk, v, self._snake_gates(x, fq), self._orders(x), self.eps, self.chunk)
         return lion_chunked(fq, fk, v, self.log_gates(x, fq), self.eps, self.chunk)
@@ -284,7 +295,7 @@ class LionAttention(ZooAttention):
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         fq, fk = self.features(q, k)
-        attn = fq[:, :, query_index] @ fk.transpose(-2, -1)
+        attn = fq[:, :, query_index] @ AF.mask_keys(fk, self.key_padding(attn_mask)).transpose(-2, -1)
         if self.order == "snake":
             attn = attn * snake_mask(self._snake_gates(x, fq), self._orders(x), query_index)
         elif self.decay != "none":
