@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitzoo.utils import instantiate_config
 
+from .console import quiet_lightning
 from .fit import build_classifier_for, fit
 from .module import ImageClassifier
 from .progress import console_is_terminal
@@ -80,6 +81,7 @@ def train(cfg: DictConfig) -> Dict[str, Any]:
     The LightningModule is the classifier of ``cfg.model`` + ``cfg.module``, or, when ``cfg.module``
     has a ``_target_`` (``--config-name segment``), that module. The loggers record the whole config.
     """
+    quiet_lightning()  # before the trainer is built: its lines too
     datamodule, module = build_run(cfg)
     result = fit(
         module,
