@@ -96,6 +96,9 @@ LINEAR_SPECS = [
     {"name": "nystrom", "num_landmarks": 3, "scale": "log_n"},
     {"name": "nystrom", "num_landmarks": 64},
     {"name": "lion", "decay": "none"},
+    "mlla",
+    "rala",
+    {"name": "mlla", "rope": "dinov3"},
 ]
 
 

@@ -31,6 +31,11 @@ def images(sizes=SIZES, seed=0):
         ("inline", {}),
         ({"name": "focused_linear", "pos_embed": False}, {}),
         ("linear", {"block": "mlla"}),
+        ("mlla", {"block": "mlla"}),
+        ("rala", {}),
+        ("pola", {}),
+        ("focused_linear", {}),
+        ({"name": "linear", "rope": "dinov3"}, {}),
     ],
     ids=str,
 )

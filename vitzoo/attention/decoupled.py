@@ -141,11 +141,11 @@ def positive_features(q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, t
 class DecoupledRopeAttention(ZooAttention):
     """Kernel attention with decoupled RoPE plus LePE (a ``kernel_size`` depthwise conv of V on grid tokens; prefix
     rows get none); subclasses give the features and their own angle table (``features``), which a ``rope`` option
-    replaces (``angles``)."""
+    replaces (``angles``). A key-padding ``attn_mask`` leaves the padded keys out of both sums and out of n, and shows
+    them to LePE as 0."""
 
     has_logits = False
     rope_form = "decoupled"
-    no_mask = "it never forms the n x n matrix; use attention='softmax' for masked inputs"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, kernel_size: int = 3, eps: float = 1e-6, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
@@ -153,8 +153,9 @@ class DecoupledRopeAttention(ZooAttention):
         name = type(self).__name__
         self.lepe = grid_conv(name, self.attn_dim, kernel_size, device=kwargs.get("device"), dtype=kwargs.get("dtype"))
 
-    def features(self, q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0):
-        """(query features, key features, angles (H or 1, n, d/2)) in fp32 or wider."""
+    def features(self, q: torch.Tensor, k: torch.Tensor, logit_noise: float = 0.0, key_mask=None):
+        """(query features, key features, angles (H or 1, n, d/2)) in fp32 or wider; features that depend on all
+        tokens read ``key_mask``."""
         raise NotImplementedError
 
     def own_angles(self, grid: Grid, like: torch.Tensor) -> torch.Tensor:
@@ -167,11 +168,19 @@ class DecoupledRopeAttention(ZooAttention):
             return self.rope_angles(fq.shape[-2], fq)
         return self.own_angles(self.current_grid(fq.shape[-2]), fq)
 
+    def masked_features(self, q, k, attn_mask, logit_noise: float = 0.0):
+        """``features`` with the padded keys' features 0, and the key mask of ``attn_mask``."""
+        keys = AF.key_padding(attn_mask)
+        fq, fk, angles = self.features(q, k, logit_noise, keys)
+        return fq, AF.mask_keys(fk, keys), angles, keys
+
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        out = decoupled_attention(*self.features(q, k, logit_noise), v, self.eps)
+        fq, fk, angles, keys = self.masked_features(q, k, attn_mask, logit_noise)
+        out = decoupled_attention(fq, fk, angles, v, self.eps, None if keys is None else AF.key_count(keys, fk))
         if self.lepe is None:
             return out
-        return out + self.lepe.over_grid(v, self.current_grid(v.shape[-2]), self.num_prefix_tokens)
+        return out + self.lepe.over_grid(v, self.current_grid(v.shape[-2]), self.num_prefix_tokens, keys)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        return decoupled_probs(*self.features(q, k), query_index)
+        fq, fk, angles, _ = self.masked_features(q, k, attn_mask)
+        return decoupled_probs(fq, fk, angles, query_index)

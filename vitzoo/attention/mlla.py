@@ -35,8 +35,8 @@ class MllaAttention(DecoupledRopeAttention):
                 "multiple of 4 (set head_dim)"
             )
 
-    def features(self, q, k, logit_noise: float = 0.0):
-        fq, fk = positive_features(q, k)
+    def features(self, q, k, logit_noise: float = 0.0, key_mask=None):
+        fq, fk = positive_features(q, k)  # per token: nothing here reads the other tokens
         noise = AF.key_noise(k, logit_noise)
         if noise is not None:
             fk = fk * noise.exp()

@@ -5,6 +5,8 @@ docs/mechanisms.md section 17.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import functional as AF
@@ -15,14 +17,20 @@ from .registry import register_attention
 __all__ = ["RalaAttention", "query_aware_keys"]
 
 
-def query_aware_keys(fq: torch.Tensor, fk: torch.Tensor, noise=None) -> torch.Tensor:
+def query_aware_keys(
+    fq: torch.Tensor, fk: torch.Tensor, noise=None, key_mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """k'_j = n alpha_j phi(k_j), alpha = softmax_j(tau qbar . phi(k_j)), qbar the mean of phi(q) over all tokens;
-    ``noise`` (B, H, n, 1) is added to those logits."""
-    qbar = fq.mean(dim=-2, keepdim=True)
+    ``noise`` (B, H, n, 1) is added to those logits. Under ``key_mask`` the mean, the softmax and n run over its
+    tokens."""
+    n = AF.key_count(key_mask, fk)
+    qbar = AF.mask_keys(fq, key_mask).sum(dim=-2, keepdim=True) / n
     logits = (qbar * fq.shape[-1] ** -0.5) @ fk.transpose(-2, -1)
     if noise is not None:
         logits = logits + noise.transpose(-2, -1)
-    return fk * (logits.softmax(dim=-1).transpose(-2, -1) * fk.shape[-2])
+    if key_mask is not None:
+        logits = logits.masked_fill(~key_mask.unsqueeze(-2), float("-inf"))
+    return fk * (logits.softmax(dim=-1).transpose(-2, -1) * n)
 
 
 @register_attention("rala")
@@ -48,9 +56,9 @@ class RalaAttention(LinearGatedAttention, DecoupledRopeAttention):
                 f"head_dim={self.head_dim} must be a multiple of 4 (set num_heads or head_dim)"
             )
 
-    def features(self, q, k, logit_noise: float = 0.0):
+    def features(self, q, k, logit_noise: float = 0.0, key_mask=None):
         fq, fk = positive_features(q, k)
-        fk = query_aware_keys(fq, fk, AF.key_noise(k, logit_noise))
+        fk = query_aware_keys(fq, fk, AF.key_noise(k, logit_noise), key_mask)
         return fq, fk, self.angles(fq)
 
     def own_angles(self, grid, like):
