@@ -17,7 +17,7 @@ from vitzoo.attention.rope import build_rope, rotate
 
 from attention_reference import module_out, module_qkv, phi, softmax_ref
 from mech_checks import build
-from recent_checks import rotate_complex
+from recent_checks import gated_out, rotate_complex
 
 D, H = 8, 2  # head_dim, heads
 GRIDS = [(3, 5), (4, 4)]
@@ -178,6 +178,23 @@ def test_efficient_takes_decoupled_rope_as_the_float64_reference():
     angles = layer.rope.angles((4, 4), 1, x)
     heads = (rotate_complex(qs, angles) @ rotate_complex(ks, angles).transpose(-2, -1)) @ v
     assert torch.allclose(layer(x), module_out(layer, heads), atol=1e-10)
+
+
+def test_pola_takes_decoupled_rope_on_both_polarity_halves():
+    """Each stream: sum_j (R_i f_i).(R_j phi(k_j)) v_j / n over (f_i . sum_j phi(k_j) / n + eps), R turning the
+    positive and the negative half of the 2d features by the same table; then pola's linear gate and projection."""
+    layer = build({"name": "pola", "rope": "axial", "kernel_size": 0}, dim=16, num_heads=H, tokens=17, prefix=1)
+    layer = layer.double()
+    x = torch.randn(2, 17, 16, dtype=torch.float64)
+    q, k, v = module_qkv(layer, x)
+    fs, fo, fk = layer.features(q, k)
+    angles = layer.rope.angles((4, 4), 1, x)
+    table = torch.cat([angles, angles], dim=-1)
+    heads = []
+    for f, values in ((fs, v[..., : D // 2]), (fo, v[..., D // 2 :])):
+        num = rotate_complex(f, table) @ rotate_complex(fk, table).transpose(-2, -1) / 17
+        heads.append((num @ values) / (f @ fk.sum(-2).unsqueeze(-1) / 17 + layer.eps))
+    assert torch.allclose(layer(x), gated_out(layer, x, torch.cat(heads, dim=-1)), atol=1e-10)
 
 
 def test_decoupled_o_n_path_equals_its_eager_twin_with_gradients():

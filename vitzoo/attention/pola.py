@@ -12,12 +12,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import functional as AF
+from .decoupled import decoupled_linear
 from .gated import LinearGatedAttention
 from .grid import GridBoundAttention, GridModule, Layout, resample_tokens
 from .grid_conv import grid_conv
 from .registry import register_attention
+from .rope import rotate
 
-__all__ = ["KeyPositions", "PolaAttention", "polarity_features", "pola_attention", "pola_probs"]
+__all__ = ["KeyPositions", "PolaAttention", "polarity_features", "pola_attention", "pola_probs", "both_halves"]
 
 
 class KeyPositions(GridModule):
@@ -46,6 +48,12 @@ def polarity_features(
     return torch.cat([qp, qn], -1), torch.cat([qn, qp], -1), torch.cat([kp, kn], -1)
 
 
+def both_halves(angles: torch.Tensor) -> torch.Tensor:
+    """A RoPE table of d/2 angles per token (..., n, d/2) for the 2d polarity features: the same angles turn the
+    positive half [x+] and the negative half [x-], so each stream's similarity is a sum of turned dot products."""
+    return torch.cat([angles, angles], dim=-1)
+
+
 def pola_attention(
     fs: torch.Tensor,
     fo: torch.Tensor,
@@ -54,26 +62,33 @@ def pola_attention(
     eps: float = 1e-6,
     impl: str = "auto",
     key_mask: Optional[torch.Tensor] = None,
+    angles: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """[A^S v1, A^O v2] by the kernel path: v1, v2 are the halves of each head's values, A^S, A^O the row-normalised
     phi_S(q).phi(k) and phi_O(q).phi(k) over the keys of ``key_mask``; ``eps`` relative to the mean over keys (n eps
-    on the sums, as eps on the sums of queries divided by n)."""
+    on the sums, as eps on the sums of queries divided by n). ``angles`` (a RoPE table, (..., n, d/2)): decoupled
+    RoPE, the features turned (``both_halves``) in the numerators only."""
     half, n = v.shape[-1] // 2, AF.key_count(key_mask, fk)
     wide = v.to(fk.dtype)
-    same = AF.linear_attention(fs / n, fk, wide[..., :half], "identity", eps, impl, key_mask=key_mask)
-    opposite = AF.linear_attention(fo / n, fk, wide[..., half:], "identity", eps, impl, key_mask=key_mask)
-    return torch.cat([same, opposite], dim=-1).to(v.dtype)
+
+    def stream(fq: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        if angles is None:
+            return AF.linear_attention(fq / n, fk, values, "identity", eps, impl, key_mask=key_mask)
+        return decoupled_linear(fq / n, AF.mask_keys(fk, key_mask), both_halves(angles), values, eps, impl, 1)
+
+    return torch.cat([stream(fs, wide[..., :half]), stream(fo, wide[..., half:])], dim=-1).to(v.dtype)
 
 
 def pola_probs(
     fs: torch.Tensor, fo: torch.Tensor, fk: torch.Tensor, key_mask: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """(A^S + A^O) / 2 with A the row-normalised similarities: each key's share of a query's mix, averaged over the
+    """(A^S + A^O) / 2 with A the row-normalised |similarities|: each key's share of a query's mix, averaged over the
     two halves of the value channels (the output's eps, relative to the mean over keys, is left out: with tiny
-    features it leaves the output's rows short of 1, the shares still sum to 1)."""
+    features it leaves the output's rows short of 1, the shares still sum to 1). Turned features (decoupled RoPE)
+    give signed similarities, hence the absolute value, as for ``decoupled_probs``."""
     tiny = torch.finfo(fk.dtype).tiny
     keys = AF.mask_keys(fk, key_mask).transpose(-2, -1)
-    shares = [s / s.sum(-1, keepdim=True).clamp_min(tiny) for s in (fs @ keys, fo @ keys)]
+    shares = [s / s.sum(-1, keepdim=True).clamp_min(tiny) for s in ((fs @ keys).abs(), (fo @ keys).abs())]
     return (shares[0] + shares[1]) / 2
 
 
@@ -87,13 +102,11 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
     relative to the mean over keys. DWC is a ``kernel_size`` depthwise conv of the head's d channels, shared by the
     heads, on grid tokens only (prefix rows get none). P's grid rows are resampled at another token layout
     (``interpolate``). Logit noise is the per-key factor exp(eps_j) on phi(k_j), shared by both streams. A key-padding
-    ``attn_mask`` leaves the padded keys out of both streams and shows them to the conv as 0.
+    ``attn_mask`` leaves the padded keys out of both streams and shows them to the conv as 0. ``rope`` takes the
+    decoupled form: the polarity features turned (each half by the table) in the numerators, plain in the normalisers.
     """
 
-    no_rope = (
-        "its polarity streams split q and k by sign before the kernel, and a decoupled form over them is not "
-        "implemented; use attention='linear' or 'mlla' with rope"
-    )
+    rope_form = "decoupled"
     has_logits = False
     no_causal = "its conv and key positions see both sides; use attention='linear' with causal: true"
     resampled = "key positions P"
@@ -139,7 +152,8 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
         if noise is not None:
             fk = fk * noise.exp()
         keys = AF.key_padding(attn_mask)
-        out = pola_attention(fs, fo, fk, v, self.eps, self.impl, keys)
+        angles = None if self.rope is None else self.rope_angles(v.shape[-2], fs)
+        out = pola_attention(fs, fo, fk, v, self.eps, self.impl, keys, angles)
         if self.dwc is None:
             return out
         B, H, N, D = v.shape
@@ -148,6 +162,9 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         fs, fo, fk = self.features(q, k)
+        if self.rope is not None:
+            table = both_halves(self.rope_angles(k.shape[-2], fs))
+            fs, fo, fk = rotate(fs, table), rotate(fo, table), rotate(fk, table)
         return pola_probs(fs[:, :, query_index], fo[:, :, query_index], fk, AF.key_padding(attn_mask))
 
     def extra_repr(self) -> str:
