@@ -138,7 +138,7 @@ REFUSES = {
     "efficient": ("is_causal",),
     "hydra": ("is_causal",),
     "focused_linear": ("is_causal",),
-    "agent": ("attn_mask", "is_causal"),
+    "agent": ("is_causal",),
     "linformer": ("attn_mask", "is_causal"),
     "nystrom": ("is_causal",),
     "window": ("attn_mask", "is_causal"),

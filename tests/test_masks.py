@@ -99,6 +99,8 @@ LINEAR_SPECS = [
     "mlla",
     "rala",
     {"name": "mlla", "rope": "dinov3"},
+    {"name": "agent", "num_agents": 4},
+    {"name": "agent", "num_agents": 4, "scale": "log_n", "bias": False},
 ]
 
 

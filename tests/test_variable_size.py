@@ -36,6 +36,7 @@ def images(sizes=SIZES, seed=0):
         ("pola", {}),
         ("focused_linear", {}),
         ({"name": "linear", "rope": "dinov3"}, {}),
+        ({"name": "agent", "num_agents": 4}, {}),
     ],
     ids=str,
 )
@@ -78,6 +79,12 @@ def test_bad_lists_are_one_line_errors(call, fix):
 def test_a_mechanism_without_masks_refuses_a_list_in_one_line():
     with pytest.raises(ValueError, match="takes no attn_mask") as err:
         tiny("linformer")(images())
+    assert "\n" not in str(err.value)
+
+
+def test_agent_refuses_images_whose_agent_grids_differ():
+    with pytest.raises(ValueError, match="agent grids .* lower num_agents") as err:
+        tiny({"name": "agent", "num_agents": 9})(images([(8, 12), (16, 16)]))
     assert "\n" not in str(err.value)
 
 

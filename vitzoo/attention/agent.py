@@ -8,7 +8,7 @@ docs/mechanisms.md, section 12.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from . import functional as AF
 from .base import ZooAttention
+from .canvas import tables_on_canvas
 from .grid import GridModule, Layout
 from .grid_conv import grid_conv
 from .registry import register_attention
@@ -41,13 +42,53 @@ def _pool_matrix(size, out, like: torch.Tensor) -> torch.Tensor:
     return bins / bins.sum(-1, keepdim=True)
 
 
-def pool_agents(q: torch.Tensor, grid: Grid, num_prefix: int, agents: Grid) -> torch.Tensor:
+def _image_pool_matrices(grid: Grid, agents: Grid, image_grids: Sequence[Grid], like: torch.Tensor):
+    """(P_h (B, 1, 1, a_h, H), P_w (B, 1, 1, a_w, W)): each image's pooling bins over its own grid, at the top-left of
+    the H x W canvas (0 beyond it)."""
+    return tuple(
+        torch.stack([F.pad(_pool_matrix(g[axis], agents[axis], like), (0, grid[axis] - g[axis])) for g in image_grids])[
+            :, None, None
+        ]
+        for axis in (0, 1)
+    )
+
+
+def pool_agents(
+    q: torch.Tensor,
+    grid: Grid,
+    num_prefix: int,
+    agents: Grid,
+    key_mask: Optional[torch.Tensor] = None,
+    image_grids: Optional[Sequence[Grid]] = None,
+) -> torch.Tensor:
     """Agent tokens A (B, H, n_a, D): the patch queries adaptively average-pooled to ``agents``, written as
-    two averaging matrices (P_h X P_w^T) so that exporters carry it at any grid (no adaptive-pool op)."""
+    two averaging matrices (P_h X P_w^T) so that exporters carry it at any grid (no adaptive-pool op).
+
+    ``key_mask`` ((B or 1, 1, N) bool): each bin averages its unpadded tokens (an empty bin gives 0); ``image_grids``:
+    the bins of each image's own grid, the image at the top-left of ``grid`` (a variable-size batch)."""
     B, H, _, D = q.shape
     patches = q[:, :, num_prefix:].transpose(-2, -1).reshape(B, H, D, *grid)
-    pooled = _pool_matrix(grid[0], agents[0], q) @ patches @ _pool_matrix(grid[1], agents[1], q).transpose(0, 1)
+    if key_mask is None and image_grids is None:
+        pooled = _pool_matrix(grid[0], agents[0], q) @ patches @ _pool_matrix(grid[1], agents[1], q).transpose(0, 1)
+        return pooled.reshape(B, H, D, -1).transpose(-2, -1)
+    if image_grids is None:
+        rows, cols = _pool_matrix(grid[0], agents[0], q), _pool_matrix(grid[1], agents[1], q)
+    else:
+        rows, cols = _image_pool_matrices(grid, agents, image_grids, q)
+    ones = torch.ones(1, 1, 1, *grid, dtype=q.dtype, device=q.device)
+    weight = ones if key_mask is None else key_mask[..., num_prefix:].reshape(-1, 1, 1, *grid).to(q.dtype)
+    total = rows @ (patches * weight) @ cols.transpose(-2, -1)
+    pooled = total / (rows @ weight @ cols.transpose(-2, -1)).clamp_min(torch.finfo(q.dtype).tiny)
     return pooled.reshape(B, H, D, -1).transpose(-2, -1)
+
+
+def _masked_biases(biases: Biases, key_mask: Optional[torch.Tensor], like: torch.Tensor):
+    """(B_q, B_a) in ``like``'s dtype with -inf on the padded keys of B_a (a bool key mask alone without biases)."""
+    query_bias, agent_bias = (None, None) if biases is None else (b.to(like.dtype) for b in biases)
+    if key_mask is None:
+        return query_bias, agent_bias
+    keys = key_mask.unsqueeze(-2)  # (B or 1, 1, 1, N)
+    return query_bias, keys if agent_bias is None else agent_bias.masked_fill(~keys, float("-inf"))
 
 
 def agent_attention(
@@ -61,15 +102,21 @@ def agent_attention(
     logit_noise: float = 0.0,
     dropout_p: float = 0.0,
     biases: Biases = None,
+    key_mask: Optional[torch.Tensor] = None,
+    image_grids: Optional[Sequence[Grid]] = None,
+    agents: Optional[Grid] = None,
 ) -> torch.Tensor:
     """softmax(Q A^T s_q + B_q) (softmax(A K^T s_a + B_a) V) in O(n n_a d); ``scales`` = (s_q, s_a), default
-    1/sqrt(d); ``biases`` = (B_q (H, N, n_a), B_a (H, n_a, N)) or None.
+    1/sqrt(d) (s_a may be a (B, 1, 1, 1) tensor: each image's log-n scale); ``biases`` = (B_q (H, N, n_a), B_a (H,
+    n_a, N)), per image with a leading B axis, or None. ``key_mask``, ``image_grids``: padded keys get no weight and
+    no share of an agent (``pool_agents``); ``agents``: the agent grid (default ``agent_grid(grid, num_agents)``).
 
     Logit noise of std ``logit_noise`` goes on both logit matrices, independently.
     """
-    a = pool_agents(q, grid, num_prefix, agent_grid(grid, num_agents))
-    query_bias, agent_bias = (None, None) if biases is None else (b.to(q.dtype) for b in biases)
-    agent_v = AF.softmax_attention(a, k, v, scales[1], logit_noise, attn_mask=agent_bias, dropout_p=dropout_p)
+    a = pool_agents(q, grid, num_prefix, agents or agent_grid(grid, num_agents), key_mask, image_grids)
+    query_bias, agent_bias = _masked_biases(biases, key_mask, q)
+    a_keys, s_a = (a * scales[1].to(a.dtype), 1.0) if isinstance(scales[1], torch.Tensor) else (a, scales[1])
+    agent_v = AF.softmax_attention(a_keys, k, v, s_a, logit_noise, attn_mask=agent_bias, dropout_p=dropout_p)
     return AF.softmax_attention(q, a, agent_v, scales[0], logit_noise, attn_mask=query_bias, dropout_p=dropout_p)
 
 
@@ -82,11 +129,14 @@ def agent_probs(
     num_agents: int = 49,
     scales: Tuple[Optional[float], Optional[float]] = (None, None),
     biases: Biases = None,
+    key_mask: Optional[torch.Tensor] = None,
+    image_grids: Optional[Sequence[Grid]] = None,
+    agents: Optional[Grid] = None,
 ) -> torch.Tensor:
     """The implied n x n matrix softmax(Q A^T s_q + B_q) softmax(A K^T s_a + B_a) for the queries ``query_index``."""
-    a = pool_agents(q, grid, num_prefix, agent_grid(grid, num_agents))
-    query_bias, agent_bias = (None, None) if biases is None else biases
-    query_bias = None if query_bias is None else query_bias[:, query_index]
+    a = pool_agents(q, grid, num_prefix, agents or agent_grid(grid, num_agents), key_mask, image_grids)
+    query_bias, agent_bias = _masked_biases(biases, key_mask, q)
+    query_bias = None if query_bias is None else query_bias[..., query_index, :]
     return AF.softmax_probs(q[:, :, query_index], a, scales[0], query_bias) @ AF.softmax_probs(
         a, k, scales[1], agent_bias
     )
@@ -191,13 +241,13 @@ class AgentAttention(ZooAttention):
     ``num_agents`` (a square, default 7x7) agents are pooled from the patch queries; prefix (class)
     tokens are queries and keys of both softmaxes but neither agents nor part of the conv term.
     ``bias``: the official position biases on both logit matrices (``AgentBias``; needs the built grid).
-    ``scale: log_n`` counts n_a keys in softmax(Q A^T) and N in softmax(A K^T).
+    ``scale: log_n`` counts n_a keys in softmax(Q A^T) and N in softmax(A K^T). A key-padding ``attn_mask``: agents
+    pool unpadded tokens only, padded keys get no weight, the conv sees them as 0; in a variable-size batch
+    (``image_grids``) each image pools over its own grid with its own biases (its agent grid must be the batch's).
     """
 
     rope_form = "rotate"  # agents pool the turned queries of their region
-    no_mask = no_causal = (
-        "every query reads every key through the agents; use attention='softmax' for masked or causal inputs"
-    )
+    no_causal = "every query reads every key through the agents; use attention='softmax' for causal inputs"
 
     def __init__(
         self,
@@ -248,46 +298,61 @@ class AgentAttention(ZooAttention):
             AF.check_scale(scale, count)
         return agents, tokens
 
-    def scales(self, grid: Grid, num_tokens: int) -> Tuple[float, float]:
-        """(s_q, s_a) for the current grid: 1/sqrt(d), or the log-n scale of each softmax's key count."""
-        agents = math.prod(agent_grid(grid, self.num_agents))
+    def scales(self, agents: Grid, num_tokens: Union[int, torch.Tensor]) -> Tuple[float, Union[float, torch.Tensor]]:
+        """(s_q, s_a) for the agent grid: 1/sqrt(d), or the log-n scale of each softmax's key count (``num_tokens`` per
+        image under a mask)."""
         return (
-            AF.logit_scale(self.scale_mode, self.head_dim, agents, self.train_keys[0]),
+            AF.logit_scale(self.scale_mode, self.head_dim, math.prod(agents), self.train_keys[0]),
             AF.logit_scale(self.scale_mode, self.head_dim, num_tokens, self.train_keys[1]),
         )
 
-    def biases(self, grid: Grid) -> Biases:
-        """(B_q, B_a) at ``grid``, or None without biases."""
-        return None if self.bias is None else self.bias(grid, agent_grid(grid, self.num_agents))
+    def biases(self, grid: Grid, agents: Optional[Grid] = None) -> Biases:
+        """(B_q, B_a) at ``grid`` with an ``agents`` grid (default: the grid's own), or None without biases; in a
+        variable-size batch each image's on the canvas."""
+        if self.bias is None:
+            return None
+        agents = agents or agent_grid(grid, self.num_agents)
+        if self.image_grids is None:
+            return self.bias(grid, agents)
+        tables = {g: self.bias(g, agents) for g in self.image_grids}
+        P, grids = self.num_prefix_tokens, self.image_grids
+        return (
+            tables_on_canvas([tables[g][0] for g in grids], grids, grid, P, 1),
+            tables_on_canvas([tables[g][1] for g in grids], grids, grid, P, 2),
+        )
+
+    def context(self, q: torch.Tensor, attn_mask: Optional[torch.Tensor]) -> dict:
+        """The options of ``agent_attention`` / ``agent_probs`` for this input."""
+        keys, grid = AF.key_padding(attn_mask), self.current_grid(q.shape[-2])
+        agent_grids = {agent_grid(g, self.num_agents) for g in (self.image_grids or [grid])}
+        if len(agent_grids) > 1:
+            raise ValueError(
+                f"agent: the images of this batch have agent grids {sorted(agent_grids)} (an image narrower than "
+                f"{math.isqrt(self.num_agents)} patches clips them); batch images at least that wide, or lower "
+                "num_agents"
+            )
+        agents = agent_grids.pop()
+        num_tokens = q.shape[-2] if keys is None else AF.key_count(keys, AF.acc(q))
+        return dict(
+            grid=grid,
+            num_prefix=self.num_prefix_tokens,
+            num_agents=self.num_agents,
+            scales=self.scales(agents, num_tokens),
+            biases=self.biases(grid, agents),
+            key_mask=keys,
+            image_grids=self.image_grids,
+            agents=agents,
+        )
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        grid, P = self.current_grid(q.shape[-2]), self.num_prefix_tokens
-        out = agent_attention(
-            q,
-            k,
-            v,
-            grid,
-            P,
-            self.num_agents,
-            self.scales(grid, q.shape[-2]),
-            logit_noise,
-            self.dropout_p,
-            self.biases(grid),
-        )
-        return out if self.dwc is None else out + self.dwc.over_grid(v, grid, P)
+        options = self.context(q, attn_mask)
+        out = agent_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p, **options)
+        if self.dwc is None:
+            return out
+        return out + self.dwc.over_grid(v, options["grid"], self.num_prefix_tokens, options["key_mask"])
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        grid = self.current_grid(q.shape[-2])
-        return agent_probs(
-            q,
-            k,
-            grid,
-            query_index,
-            self.num_prefix_tokens,
-            self.num_agents,
-            self.scales(grid, q.shape[-2]),
-            self.biases(grid),
-        )
+        return agent_probs(q, k, query_index=query_index, **self.context(q, attn_mask))
 
     def extra_repr(self) -> str:
         kernel = self.dwc.kernel_size[0] if self.dwc is not None else 0
