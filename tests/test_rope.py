@@ -347,3 +347,15 @@ def test_mixed_frequencies_get_no_weight_decay(layer_decay):
     groups = build_optimizer(model, 1e-3, 0.05, layer_decay=layer_decay).param_groups
     decay = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decay and not any(".rope." in name for name in decay)
+
+
+def test_softmax_with_rope_fused_equals_eager_with_gradients():
+    x = torch.randn(2, 17, 16)
+    layers = [build({"name": "softmax", "rope": "mixed", "fused": f}, tokens=17, prefix=1) for f in (True, False)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    outs = [m(x) for m in layers]
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)
+    for out in outs:
+        out.square().sum().backward()
+    for a, b in zip(*(dict(m.named_parameters()).values() for m in layers)):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
