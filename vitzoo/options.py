@@ -12,7 +12,7 @@ valid ones, never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Collection, List, Optional
+from typing import Any, Collection, Dict, List, Optional
 
 __all__ = [
     "OptimOptions",
@@ -21,6 +21,7 @@ __all__ = [
     "TransferOptions",
     "SweepOptions",
     "RobustnessOptions",
+    "SegmentationOptions",
     "PredictOptions",
     "SCHEMAS",
     "register_configs",
@@ -116,6 +117,28 @@ class RobustnessOptions(SweepOptions):
 
 
 @dataclass
+class SegmentationOptions:
+    """:class:`~vitzoo.segmentation.SegmentationModule`'s options besides its backbone, classes and the data's own
+    (``module`` of ``--config-name segment``)."""
+
+    attention: Any = None  # only for an arch trained from scratch; an export fixes its own attention
+    model_kwargs: Optional[Dict[str, Any]] = None  # timm kwargs for an arch from scratch
+    out_indices: Optional[List[int]] = None  # feature levels; None = the backbone's own (4 blocks over a ViT's depth)
+    neck: Optional[str] = None  # simple_fpn: ViTDet's pyramid (strides patch/4 .. 2 x patch) from a plain ViT's map
+    decoder_channels: int = 128
+    loss: str = "ce"  # ce | dice | focal | lovasz | ce+dice (dice, focal, lovasz: segmentation_models_pytorch's)
+    class_weights: Any = None  # balanced (inverse pixel frequency of the training masks) | [w_0, w_1, ...] | None
+    dropout: float = 0.1
+    lr: float = 1e-3  # decoder LR; the backbone gets lr * backbone_lr_ratio
+    backbone_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    warmup_epochs: float = 1.0
+    min_lr_ratio: float = 0.01
+    overlap: float = 0.25  # of a validation / predict window, averaged where windows meet
+    flip: bool = False  # add the horizontally flipped view (2x the cost)
+
+
+@dataclass
 class PredictOptions:
     """How :func:`~vitzoo.segmentation.predict` segments; None takes the checkpoint's own value."""
 
@@ -134,6 +157,7 @@ SCHEMAS = {
     "module": ClassifierOptions,
     "transfer": TransferOptions,
     "robustness": RobustnessOptions,
+    "segmentation": SegmentationOptions,
     "predict": PredictOptions,
 }
 

@@ -13,6 +13,7 @@ from timm.optim import param_groups_weight_decay
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from vitzoo.attention import AttentionSpec
+from vitzoo.options import SegmentationOptions
 from vitzoo.training.optim import build_scheduler
 
 from .inference import sliding_window_probs
@@ -41,7 +42,8 @@ class SegmentationModule(L.LightningModule):
     training crop, ``overlap`` and ``flip``) and log ``segmentation_scores`` under ``val/`` / ``test/``: IoU and
     Dice per class named by ``class_names`` (``val/iou/<name>``), their means, pixel accuracy, and the same for
     predicting the majority class everywhere (``val/majority/...``). The end of ``fit`` logs the last
-    validation's scores as one line (``format_scores``).
+    validation's scores as one line (``format_scores``). The defaults of its options are
+    :class:`~vitzoo.options.SegmentationOptions`'.
     """
 
     def __init__(
@@ -49,24 +51,24 @@ class SegmentationModule(L.LightningModule):
         backbone: str,
         num_classes: int,
         class_names: Optional[Sequence[str]] = None,
-        attention: Optional[AttentionSpec] = None,
-        model_kwargs: Optional[Mapping[str, Any]] = None,
-        out_indices: Optional[Sequence[int]] = None,
-        decoder_channels: int = 128,
-        dropout: float = 0.1,
-        lr: float = 1e-3,
-        backbone_lr_ratio: float = 0.1,
-        weight_decay: float = 0.01,
-        warmup_epochs: float = 1.0,
-        min_lr_ratio: float = 0.01,
+        attention: Optional[AttentionSpec] = SegmentationOptions.attention,
+        model_kwargs: Optional[Mapping[str, Any]] = SegmentationOptions.model_kwargs,
+        out_indices: Optional[Sequence[int]] = SegmentationOptions.out_indices,
+        decoder_channels: int = SegmentationOptions.decoder_channels,
+        dropout: float = SegmentationOptions.dropout,
+        lr: float = SegmentationOptions.lr,
+        backbone_lr_ratio: float = SegmentationOptions.backbone_lr_ratio,
+        weight_decay: float = SegmentationOptions.weight_decay,
+        warmup_epochs: float = SegmentationOptions.warmup_epochs,
+        min_lr_ratio: float = SegmentationOptions.min_lr_ratio,
         ignore_index: int = 255,
         in_chans: int = 3,
         window: Optional[Union[int, Sequence[int]]] = None,
-        overlap: float = 0.25,
-        flip: bool = False,
-        loss: str = "ce",
-        class_weights: Optional[Union[str, Sequence[float]]] = None,
-        neck: Optional[str] = None,
+        overlap: float = SegmentationOptions.overlap,
+        flip: bool = SegmentationOptions.flip,
+        loss: str = SegmentationOptions.loss,
+        class_weights: Optional[Union[str, Sequence[float]]] = SegmentationOptions.class_weights,
+        neck: Optional[str] = SegmentationOptions.neck,
     ):
         super().__init__()
         self.save_hyperparameters()
