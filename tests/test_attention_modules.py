@@ -141,7 +141,7 @@ REFUSES = {
     "agent": ("is_causal",),
     "linformer": ("attn_mask", "is_causal"),
     "nystrom": ("is_causal",),
-    "window": ("attn_mask", "is_causal"),
+    "window": ("is_causal",),
     "pola": ("is_causal",),
     "inline": ("is_causal",),
     "mlla": ("is_causal",),

@@ -101,6 +101,8 @@ LINEAR_SPECS = [
     {"name": "mlla", "rope": "dinov3"},
     {"name": "agent", "num_agents": 4},
     {"name": "agent", "num_agents": 4, "scale": "log_n", "bias": False},
+    {"name": "window", "window_size": 2, "rel_pos": True},
+    {"name": "window", "window_size": 2, "scale": "log_n"},
 ]
 
 

@@ -37,6 +37,7 @@ def images(sizes=SIZES, seed=0):
         ("focused_linear", {}),
         ({"name": "linear", "rope": "dinov3"}, {}),
         ({"name": "agent", "num_agents": 4}, {}),
+        ({"name": "window", "window_size": 2, "shift": False, "rel_pos": True}, {}),
     ],
     ids=str,
 )
@@ -85,6 +86,12 @@ def test_a_mechanism_without_masks_refuses_a_list_in_one_line():
 def test_agent_refuses_images_whose_agent_grids_differ():
     with pytest.raises(ValueError, match="agent grids .* lower num_agents") as err:
         tiny({"name": "agent", "num_agents": 9})(images([(8, 12), (16, 16)]))
+    assert "\n" not in str(err.value)
+
+
+def test_window_refuses_images_cut_into_other_windows_than_the_canvas():
+    with pytest.raises(ValueError, match="other windows than the batch's .* lower window_size") as err:
+        tiny({"name": "window", "window_size": 2})(images())  # block 1 shifts: a side of 2 is not shifted alone
     assert "\n" not in str(err.value)
 
 

@@ -103,36 +103,54 @@ def window_attention(
     logit_noise: float = 0.0,
     dropout_p: float = 0.0,
     rel_table: Optional[torch.Tensor] = None,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Patch queries: softmax over their window's keys and the prefix keys; prefix queries: over all keys.
 
     O(n (w^2 + P) d) time. ``train_keys``: None for 1/sqrt(d), else the log-n scale's reference count.
     ``rel_table``: Swin's relative position bias table ((2w - 1)^2, H) on the window logits, or None.
+    ``key_mask`` ((B or 1, 1, N) bool): padded keys get no weight and are not counted (a window of padding alone
+    lets its padded queries attend its padding, so no softmax is empty).
     """
     P = num_prefix
     layout = window_layout(grid, window_size, shifted)
     qw, kw, vw = (layout.partition(t[:, :, P:]) for t in (q, k, v))
     keep = layout.partition(torch.ones(grid[0] * grid[1], 1, dtype=torch.bool, device=q.device)).squeeze(-1)
+    if key_mask is not None:  # (nw, L) -> (B or 1, 1, nw, L)
+        keep = keep & layout.partition(key_mask[..., P:].unsqueeze(-1)).squeeze(-1)
     if P:
-        nw = keep.shape[0]
+        nw = keep.shape[-2]
         kw = torch.cat([kw, k[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
         vw = torch.cat([vw, v[:, :, None, :P].expand(-1, -1, nw, -1, -1)], dim=-2)
-        keep = torch.cat([keep, keep.new_ones(nw, P)], dim=-1)
-    scale = AF.query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
+        prefix_keep = keep.new_ones(nw, P) if key_mask is None else key_mask[..., None, :P].expand(-1, -1, nw, -1)
+        keep = torch.cat([keep, prefix_keep], dim=-1)
     heads, windows = qw.shape[1:3]  # (B, H, windows, ...) as 4-D (B, H * windows, ...): what the ONNX SDPA takes
-    mask = keep[:, None].repeat(heads, 1, 1)
-    if rel_table is not None:
-        bias = _relative_bias(rel_table, layout.size, window_size, P, q)[:, None]  # (H, 1, L, S)
-        mask = torch.where(keep[None, :, None, :], bias, float("-inf")).flatten(0, 1)
+    if key_mask is None:
+        scale = AF.query_scale(q, keep.sum(-1).view(-1, 1, 1), train_keys)
+        mask = keep[:, None].repeat(heads, 1, 1)
+        if rel_table is not None:
+            bias = _relative_bias(rel_table, layout.size, window_size, P, q)[:, None]  # (H, 1, L, S)
+            mask = torch.where(keep[None, :, None, :], bias, float("-inf")).flatten(0, 1)
+    else:
+        keep = keep | ~keep.any(-1, keepdim=True)
+        scale = AF.query_scale(q, keep.sum(-1)[..., None, None], train_keys)
+        mask = keep.unsqueeze(-2)  # (B or 1, 1, nw, 1, S)
+        if rel_table is not None:
+            mask = torch.where(mask, _relative_bias(rel_table, layout.size, window_size, P, q)[:, None], float("-inf"))
+        mask = mask.expand(-1, heads, -1, -1, -1).flatten(1, 2)
     mixed = AF.softmax_attention(
         (qw * scale).flatten(1, 2), kw.flatten(1, 2), vw.flatten(1, 2), 1.0, logit_noise, mask, dropout_p=dropout_p
     )
     out = layout.merge(mixed.unflatten(1, (heads, windows)))
     if not P:
         return out
-    prefix = AF.softmax_attention(
-        q[:, :, :P], k, v, AF.query_scale(q, k.shape[-2], train_keys), logit_noise, dropout_p=dropout_p
-    )
+    if key_mask is None:
+        scale = AF.query_scale(q, k.shape[-2], train_keys)
+        prefix = AF.softmax_attention(q[:, :, :P], k, v, scale, logit_noise, dropout_p=dropout_p)
+    else:  # each image's own count: a tensor scale, on the queries
+        scale = AF.query_scale(q, AF.key_count(key_mask, k), train_keys)
+        mask = key_mask.unsqueeze(-2)
+        prefix = AF.softmax_attention(q[:, :, :P] * scale, k, v, 1.0, logit_noise, mask, dropout_p=dropout_p)
     return torch.cat([prefix, out], dim=2)
 
 
@@ -146,16 +164,21 @@ def window_probs(
     num_prefix: int = 0,
     train_keys: Optional[int] = None,
     rel_table: Optional[torch.Tensor] = None,
+    key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The implied n x n matrix (rows ``query_index``): zero outside each query's window and the prefix."""
+    """The implied n x n matrix (rows ``query_index``): zero outside each query's window and the prefix (and on the
+    keys ``key_mask`` pads)."""
     ids = window_layout(grid, window_size, shifted).index(q.device)
     ids = torch.cat([ids.new_full((num_prefix,), -1), ids])
     keep = (ids[:, None] == ids[None, :]) | (ids[:, None] < 0) | (ids[None, :] < 0)
+    if key_mask is not None:  # (B or 1, 1, N, N)
+        keep = keep & key_mask.unsqueeze(-2)
+        keep = keep | ~keep.any(-1, keepdim=True)
     mask = keep
     if rel_table is not None:
         bias = F.pad(_relative_bias(rel_table, grid, window_size, 0, AF.acc(q)), (num_prefix, 0, num_prefix, 0))
         mask = torch.where(keep, bias, float("-inf"))
-    keep, mask = keep[query_index], mask[..., query_index, :]
+    keep, mask = keep[..., query_index, :], mask[..., query_index, :]
     scale = AF.query_scale(q, keep.sum(-1, keepdim=True), train_keys)
     return AF.softmax_probs(q[:, :, query_index] * scale, k, 1.0, mask)
 
@@ -166,11 +189,13 @@ class WindowAttention(ZooAttention):
 
     Prefix tokens attend every token and every token attends them. ``rel_pos``: Swin's learned relative position
     bias per head on the window logits (prefix keys get none). ``scale: log_n`` counts the keys each query attends
-    (window keys + prefix); its reference is a full window at the build grid.
+    (window keys + prefix); its reference is a full window at the build grid. A key-padding ``attn_mask``: padded keys
+    get no weight and are not counted; in a variable-size batch every image must be cut into the windows the canvas
+    has at its place (else a one-line refusal).
     """
 
     rope_form = "rotate"  # positions on the whole grid: each window's scores see offsets
-    no_mask = no_causal = "its mask is the window partition; use attention='softmax' for masked or causal inputs"
+    no_causal = "its mask is the window partition; use attention='softmax' for causal inputs"
 
     def __init__(
         self,
@@ -223,13 +248,28 @@ class WindowAttention(ZooAttention):
             rel_table=self.rel_table,
         )
 
+    def key_padding(self, attn_mask: Optional[torch.Tensor], grid: Grid) -> Optional[torch.Tensor]:
+        """The key mask of ``attn_mask``; in a variable-size batch, a refusal unless each image's windows are the
+        canvas's at its place (the same window size and shifted border per axis)."""
+        for image in self.image_grids or ():
+            own, canvas = (window_layout(g, self.window_size, self.shifted) for g in (image, grid))
+            if own.size != canvas.size or own.pad[::2] != canvas.pad[::2]:
+                raise ValueError(
+                    f"window: an image of grid {image} is cut into other windows than the batch's {grid} canvas (a "
+                    f"side up to window_size={self.window_size}); batch images whose sides exceed window_size, or "
+                    "lower window_size"
+                )
+        return AF.key_padding(attn_mask)
+
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
-        return window_attention(
-            q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p, **self._options(q.shape[-2])
-        )
+        options = self._options(q.shape[-2])
+        keys = self.key_padding(attn_mask, options["grid"])
+        return window_attention(q, k, v, logit_noise=logit_noise, dropout_p=self.dropout_p, key_mask=keys, **options)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
-        return window_probs(q, k, query_index=query_index, **self._options(q.shape[-2]))
+        options = self._options(q.shape[-2])
+        keys = self.key_padding(attn_mask, options["grid"])
+        return window_probs(q, k, query_index=query_index, key_mask=keys, **options)
 
     def extra_repr(self) -> str:
         return (
