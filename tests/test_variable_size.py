@@ -37,6 +37,11 @@ def images(sizes=SIZES, seed=0):
         ("focused_linear", {}),
         ({"name": "linear", "rope": "dinov3"}, {}),
         ({"name": "agent", "num_agents": 4}, {}),
+        ({"name": "nystrom", "num_landmarks": 4}, {}),
+        ("efficient", {}),
+        ({"name": "hydra", "rescale": True}, {}),
+        ({"name": "lion", "decay": "none"}, {}),
+        ("performer", {}),
         ({"name": "window", "window_size": 2, "shift": False, "rel_pos": True}, {}),
     ],
     ids=str,
@@ -77,9 +82,12 @@ def test_bad_lists_are_one_line_errors(call, fix):
     assert "\n" not in str(err.value)
 
 
-def test_a_mechanism_without_masks_refuses_a_list_in_one_line():
-    with pytest.raises(ValueError, match="takes no attn_mask") as err:
-        tiny("linformer")(images())
+@pytest.mark.parametrize(
+    "attention,fix", [("linformer", "takes no attn_mask"), ("synth_random", "one grid, not of each image's own")]
+)
+def test_a_mechanism_tied_to_one_grid_refuses_a_list_in_one_line(attention, fix):
+    with pytest.raises(ValueError, match=fix) as err:
+        tiny(attention)(images())
     assert "\n" not in str(err.value)
 
 

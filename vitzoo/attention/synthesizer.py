@@ -242,6 +242,11 @@ class SynthesizerAttention(GridBoundAttention):
 
     def logits(self, x, q, k, attn_mask, is_causal) -> torch.Tensor:
         """Noiseless logits B (+ mask) for the current input: (B|1, H, N, N), fp32 or wider."""
+        if self.image_grids is not None:
+            raise ValueError(
+                f"{type(self).__name__}'s logits index the token pairs of one grid, not of each image's own; run "
+                "images of one size per batch, or use attention='softmax' for a list of images"
+            )
         out = self.synth(x, q, k, self.target_layout(x.shape[1]))
         if attn_mask is not None:
             out = out + AF.additive_mask(attn_mask, out)
