@@ -1,7 +1,9 @@
-"""init_from a timm RoPE ViT (Eva: the naver ROPE-ViTs, axial and mixed, and the sbb reg/gap ones): timm's logits
-back with softmax + the same RoPE, any mechanism with that RoPE, and one line for what does not map."""
+"""init_from a timm RoPE ViT (Eva: the naver ROPE-ViTs, axial and mixed, the sbb reg/gap ones, DINOv3): timm's
+logits back with softmax + the same RoPE, any mechanism with that RoPE, and one line for what does not map."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import timm
@@ -28,6 +30,16 @@ CASES = {
         reg_tokens=1,
         global_pool="avg",
         fc_norm=True,
+    ),
+    "vit_small_patch16_dinov3": dict(  # rotate-half pairs, reordered to adjacent ones
+        rope={"name": "dinov3"},
+        pos_embed="none",
+        init_values=1e-5,
+        reg_tokens=4,
+        qkv_bias=False,
+        global_pool="avg",
+        fc_norm=False,
+        norm_layer=partial(torch.nn.LayerNorm, eps=1e-5),
     ),
 }
 
@@ -80,6 +92,18 @@ def timm_source(monkeypatch):
         return model.eval()
 
     monkeypatch.setattr(pretrained_sources.timm, "create_model", tiny)
+
+
+def test_dinov3_from_timm_records_its_rotate_half_layout(timm_source):
+    arch = "vit_small_patch16_dinov3"
+    model = zoo_vit(arch)
+    report = initialise_from(model, f"timm:{arch}.lvd1689m")
+    assert "rotate-half" not in str(report)  # recorded by the source, not assumed
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(x), timm_rope_vit(arch)(x), atol=1e-5)
+    with pytest.raises(ValueError, match=r"rope=\{'name': 'dinov3', 'base': 100.0.*'normalize': 'separate'\}"):
+        initialise_from(zoo_vit(arch, rope={"name": "dinov3", "normalize": "max"}), f"timm:{arch}.lvd1689m")
 
 
 def test_a_timm_rope_vit_is_checked_against_its_rope_settings(timm_source):

@@ -23,6 +23,7 @@ from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import adapt_input_conv
 
 from vitzoo.attention import ZooAttention
+from .pretrained_eva import interleave_qk
 from .pretrained_sources import SOURCE_FORMS, ViTWeights, read_vit_weights
 from .vit import ZooVisionTransformer
 
@@ -165,10 +166,11 @@ def _check_rope(model: ZooVisionTransformer, source: str, want: Dict[str, Any]) 
 
 # -- mapping ------------------------------------------------------------------------------------------------
 def _load(model: ZooVisionTransformer, weights: ViTWeights) -> LoadReport:
-    state, target = weights.state, model.state_dict()
+    target = model.state_dict()
     mapped: Dict[str, torch.Tensor] = {}
     used: Set[str] = set()
     notes: List[str] = list(weights.notes)
+    state = _adjacent_pairs(model, weights, notes)
     partial: List[str] = []
     identity: List[str] = []
     for index, block in enumerate(model.blocks):
@@ -204,6 +206,18 @@ def _load(model: ZooVisionTransformer, weights: ViTWeights) -> LoadReport:
     assert not result.unexpected_keys, result.unexpected_keys  # every mapped name comes from the model's state dict
     loaded = [name for name in mapped if name not in identity]
     return LoadReport(weights.source, loaded, new, unused + partial, notes, head_note)
+
+
+def _adjacent_pairs(model: ZooVisionTransformer, weights: ViTWeights, notes: List[str]) -> Dict[str, torch.Tensor]:
+    """The checkpoint with rotate-half q and k reordered to vitzoo's adjacent RoPE pairs (pretrained_eva). Where the
+    source does not record its layout (a bare state dict), a model with dinov3 RoPE takes it as DINOv3's own."""
+    attn = _attention(model.blocks[0])
+    halves = weights.rotate_half
+    if halves is None:
+        halves = attn.rope is not None and attn.rope.name == "dinov3"
+        if halves:
+            notes.append("q, k read as DINOv3's rotate-half pairs")
+    return interleave_qk(weights.state, attn.num_heads) if halves else weights.state
 
 
 def _attention(block: nn.Module) -> ZooAttention:

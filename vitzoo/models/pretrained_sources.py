@@ -25,7 +25,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vitzoo.attention import SoftmaxAttention, resolve_attention
 from .local_dir import WEIGHTS_NAME, check_export
-from .pretrained_eva import EVA_HINT, eva_differences, eva_layout, eva_rope, is_eva
+from .pretrained_eva import EVA_HINT, eva_differences, eva_layout, eva_rope, is_eva, rotates_halves
 from .vit import VIT_ARCHS
 
 __all__ = ["ViTWeights", "read_vit_weights", "SOURCE_FORMS", "STATE_DICT_SUFFIXES"]
@@ -43,13 +43,15 @@ _IN_PROJ = ".attn.in_proj.proj."
 class ViTWeights:
     """A softmax ViT's tensors in timm's layout; ``reference`` (None for a bare state dict) is a model of the
     source's architecture, on the meta device for an export, read for what the tensors do not record. ``rope``:
-    the checkpoint's RoPE as a ``rope`` spec, with the settings the source records (None: none, or not recorded)."""
+    the checkpoint's RoPE as a ``rope`` spec, with the settings the source records (None: none, or not recorded);
+    ``rotate_half``: whether its q and k pair channel c with c + d/2 (None: not recorded)."""
 
     source: str
     state: Dict[str, torch.Tensor]
     reference: Optional[nn.Module] = None
     rope: Optional[Dict[str, Any]] = None
     notes: List[str] = field(default_factory=list)
+    rotate_half: Optional[bool] = False
 
 
 def read_vit_weights(
@@ -90,7 +92,7 @@ def read_vit_weights(
     ):  # a timm Eva: RoPE settings not recorded
         rope = {"name": "mixed"} if "rope.freqs" in state else None
         note = "RoPE settings are not in a state dict: the model's are taken"
-        return ViTWeights(text, eva_layout(state), rope=rope, notes=[note])
+        return ViTWeights(text, eva_layout(state), rope=rope, notes=[note], rotate_half=None)
     return ViTWeights(text, state)
 
 
@@ -148,7 +150,7 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
 def _timm_weights(source: str, model: nn.Module) -> ViTWeights:
     """A timm ViT's or ROPE-ViT's (checked) weights in timm's VisionTransformer layout."""
     if is_eva(model):
-        return ViTWeights(source, eva_layout(model.state_dict()), model, eva_rope(model))
+        return ViTWeights(source, eva_layout(model.state_dict()), model, eva_rope(model), [], rotates_halves(model))
     return ViTWeights(source, model.state_dict(), model)
 
 
