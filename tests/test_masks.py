@@ -5,6 +5,11 @@ z = sum_j phi(k_j). The fused paths (the chunked torch path with and without the
 features through the ``identity`` map and must equal the eager formula, gradients included.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -12,7 +17,7 @@ from attention_reference import phi
 from mask_checks import images, pad_tokens, symmetric, unpad
 from vitzoo.attention import build_attention
 from vitzoo.attention import functional as AF
-from vitzoo.kernels import fused_linear_attention, naive_linear_attention
+from vitzoo.kernels import fused_linear_attention, naive_linear_attention, triton_available
 
 GRIDS = [(3, 4), (2, 2), (4, 3)]
 
@@ -48,6 +53,36 @@ def test_fused_masked_paths_match_float64_reference_with_gradients(feature_map, 
     expected = torch.autograd.grad(ref, (q, k, v), dout)
     for got, want in zip(torch.autograd.grad(fused, (q, k, v), dout), expected):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+_TRITON_MASKED = """
+import json, torch
+from vitzoo.kernels import fused_linear_attention, naive_linear_attention
+errors = {}
+for fmap in ("elu", "taylor"):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 20, 16, generator=g).requires_grad_() for _ in range(3))
+    keep = torch.rand(2, 1, 20, generator=g) > 0.4
+    keep[..., 0] = True
+    out = fused_linear_attention(q, k, v, fmap, impl="triton", key_mask=keep)
+    ref = naive_linear_attention(q.double(), k.double(), v.double(), fmap, key_mask=keep)
+    dout = torch.randn(out.shape, generator=g)
+    pairs = [(out, ref)] + list(zip(torch.autograd.grad(out, (q, k, v), dout),
+                                    torch.autograd.grad(ref, (q, k, v), dout.double())))
+    errors[fmap] = max((a.double() - b).abs().max().item() for a, b in pairs)
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not triton_available(), reason="triton does not import here")
+def test_masked_triton_path_matches_the_float64_formula_under_the_interpreter():
+    """The Triton kernels take masked features through ``identity`` (taylor's d + 1 too), gradients included."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _TRITON_MASKED], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(errors) == {"elu", "taylor"} and max(errors.values()) < 1e-5, errors
 
 
 def test_masked_fused_fp32_equals_masked_eager_and_padding_never_leaks():
@@ -151,21 +186,39 @@ def test_linear_refuses_a_query_dependent_mask_in_one_line():
     assert "\n" not in str(err.value)
 
 
+class Masked(torch.nn.Module):
+    """A layer called with an attn_mask, as exporters take it (x and the mask as inputs)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, mask):
+        return self.layer(x, attn_mask=mask)
+
+
 def test_torch_export_of_a_masked_linear_forward_matches_eager():
     layer = build_attention("linear", 16, num_heads=2).eval()
     xs = [t.float() for t in images(GRIDS, 0, 16)]
     x, mask, _ = pad_tokens(xs, GRIDS, 0)
-
-    class Masked(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = layer
-
-        def forward(self, x, mask):
-            return self.layer(x, attn_mask=mask)
-
-    program = torch.export.export(Masked(), (x, mask))
+    program = torch.export.export(Masked(layer), (x, mask))
     torch.testing.assert_close(program.module()(x, mask), layer(x, attn_mask=mask), rtol=1e-6, atol=1e-6)
     flipped = mask.clone()
     flipped[0, ..., 3] = False  # another mask through the same program
     torch.testing.assert_close(program.module()(x, flipped), layer(x, attn_mask=flipped), rtol=1e-6, atol=1e-6)
+
+
+def test_onnx_export_of_a_masked_linear_forward_matches_eager():
+    """The TorchScript exporter records the eager formula with the masked features; onnxruntime runs it."""
+    ort = pytest.importorskip("onnxruntime")
+    import io
+
+    layer = build_attention("linear", 16, num_heads=2).eval()
+    x, mask, _ = pad_tokens([t.float() for t in images(GRIDS, 0, 16)], GRIDS, 0)
+    buf = io.BytesIO()
+    torch.onnx.export(Masked(layer), (x, mask), buf, dynamo=False, input_names=["x", "mask"], output_names=["y"])
+    session = ort.InferenceSession(buf.getvalue())
+    for m in (mask, mask.roll(1, dims=0)):
+        got = session.run(None, {"x": x.numpy(), "mask": m.numpy()})[0]
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(got), layer(x, attn_mask=m), rtol=1e-5, atol=1e-5)
