@@ -10,7 +10,7 @@ import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
 
 import vitzoo
-from vitzoo.attention import list_attentions
+from vitzoo.attention import SoftmaxAttention, list_attentions
 from vitzoo.attention.base import ROPE_FORMS
 from vitzoo.attention.decoupled import decoupled_attention, decoupled_attention_eager
 from vitzoo.attention.rope import build_rope, rotate
@@ -359,3 +359,12 @@ def test_softmax_with_rope_fused_equals_eager_with_gradients():
         out.square().sum().backward()
     for a, b in zip(*(dict(m.named_parameters()).values() for m in layers)):
         assert torch.allclose(a.grad, b.grad, atol=1e-5)
+
+
+def test_a_mechanism_declaring_no_rope_form_fails_loudly_instead_of_ignoring_rope():
+    class Undeclared(SoftmaxAttention):
+        rope_form = None
+
+    layer = Undeclared(16, num_heads=H, rope="axial", num_tokens=16, grid_size=(4, 4))
+    with pytest.raises(TypeError, match="has a rope but no rope_form"):
+        layer(torch.randn(1, 16, 16))

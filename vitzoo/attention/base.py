@@ -303,8 +303,9 @@ def attend(
     """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any; q and k
     turned by the layer's RoPE first where it takes the ``rotate`` form."""
     layer.check_mask(attn_mask, is_causal)
-    if layer.rope is not None and layer.rope_form == "rotate":
-        assert q is not None and k is not None  # a mechanism with the rotate form projects both
+    if layer.rope is not None and layer.rope_form != "decoupled":  # decoupled: mix turns its features itself
+        if layer.rope_form != "rotate" or q is None or k is None:
+            raise TypeError(f"{type(layer).__name__} has a rope but no rope_form among {ROPE_FORMS} (or no_rope)")
         angles = layer.rope_angles(q.shape[-2], q)
         q, k = rotate(q, angles), rotate(k, angles)
     out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
