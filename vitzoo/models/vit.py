@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple, Union, cast
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.fx
@@ -33,7 +33,8 @@ class ZooVisionTransformer(VisionTransformer):
     Each attention layer learns its block's index (window attention shifts every second block). The builders take
     ``attention`` (one spec or a hybrid stack, ``vitzoo.attention.stack``) and ``block`` (``timm`` or ``mlla``,
     ``vitzoo.models.blocks``). ``model(images)`` with a list of (C, h, w) images of different sizes runs them as one
-    padded, masked batch (``vitzoo.models.variable_size``); a tensor takes timm's forward unchanged.
+    padded, masked batch (``forward_images``, ``vitzoo.models.variable_size``); a tensor takes timm's forward, which
+    is not overridden.
     """
 
     def __init__(self, *args, **kwargs):
@@ -42,18 +43,21 @@ class ZooVisionTransformer(VisionTransformer):
             if isinstance(block.attn, ZooAttention):
                 block.attn.block_index = index
 
-    def forward(  # type: ignore[override]  # also takes a list of images
-        self,
-        x: Union[torch.Tensor, Sequence[torch.Tensor]],
-        attn_mask: Optional[torch.Tensor] = None,
-        is_causal: bool = False,
+    def __call__(self, x: Union[torch.Tensor, Sequence[torch.Tensor]], *args, **kwargs) -> torch.Tensor:
+        """``model(images)``: a list of (C, h, w) images of different sizes goes to ``forward_images``; a tensor to
+        nn.Module's call of timm's forward (hooks, compile), which stays as it is (tracers trace timm's forward)."""
+        if isinstance(x, (list, tuple)):
+            return self.forward_images(x, *args, **kwargs)
+        return super().__call__(x, *args, **kwargs)
+
+    def forward_images(
+        self, images: Sequence[torch.Tensor], attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
     ) -> torch.Tensor:
-        if isinstance(x, (list, tuple)):  # not isinstance(x, Tensor): torch.fx traces with a Proxy
-            if attn_mask is not None or is_causal:
-                raise ValueError("a list of images builds its own padding mask; pass no attn_mask or is_causal")
-            tokens, valid = forward_padded(self, x)
-            return self.head(self.head_drop(self.fc_norm(pool_padded(self, tokens, valid))))
-        return super().forward(cast(torch.Tensor, x), attn_mask, is_causal)
+        """Logits (B, classes) of a list of images of different sizes run as one padded, masked batch."""
+        if attn_mask is not None or is_causal:
+            raise ValueError("a list of images builds its own padding mask; pass no attn_mask or is_causal")
+        tokens, valid = forward_padded(self, images)
+        return self.head(self.head_drop(self.fc_norm(pool_padded(self, tokens, valid))))
 
     def forward_padded(self, images: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """(tokens (B, N, C), key mask (B, N)) of a list of images of different sizes on one padded canvas."""
