@@ -222,3 +222,44 @@ def test_onnx_export_of_a_masked_linear_forward_matches_eager():
         got = session.run(None, {"x": x.numpy(), "mask": m.numpy()})[0]
         with torch.no_grad():
             torch.testing.assert_close(torch.from_numpy(got), layer(x, attn_mask=m), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"name": "linear", "feature_map": "hedgehog"}, "inline", "pola", {"name": "lion", "decay": "none"}],
+    ids=str,
+)
+def test_masked_mechanisms_fused_equal_eager_with_gradients(spec):
+    """The fused torch path (impl: torch) and the eager formula (impl: eager) under one mask, fp32."""
+    name, options = (
+        (spec, {}) if isinstance(spec, str) else (spec["name"], {k: v for k, v in spec.items() if k != "name"})
+    )
+    layers = [
+        build_attention(
+            {"name": name, **options, "impl": impl},
+            16,
+            num_heads=2,
+            num_tokens=17,
+            num_prefix_tokens=1,
+            grid_size=(4, 4),
+        )
+        for impl in ("torch", "eager")
+    ]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x, mask, canvas = pad_tokens([t.float() for t in images(GRIDS, 1, 16)], GRIDS, 1)
+    outs, grads = [], []
+    for layer in layers:
+        layer.token_grid = canvas
+        xi = x.clone().requires_grad_()
+        out = layer(xi, attn_mask=mask)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), xi)[0])
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_bad_key_mask_is_one_line_naming_the_form():
+    q = torch.randn(2, 2, 5, 4)
+    with pytest.raises(ValueError, match="bool \\(B or 1, H or 1, Nk\\)") as err:
+        fused_linear_attention(q, q, q, key_mask=torch.ones(2, 5))
+    assert "\n" not in str(err.value)
