@@ -35,6 +35,7 @@ from .registry import (
     register_attention,
     resolve_attention,
 )
+from .rope import ROPE_NAMES, Rope, build_rope
 from .softmax import SoftmaxAttention
 from .stack import block_specs, describe, is_stack
 from .synthesizer import (
@@ -69,6 +70,9 @@ __all__ = [
     "GridDepthwiseConv",
     "DecoupledRopeAttention",
     "LinearGatedAttention",
+    "Rope",
+    "ROPE_NAMES",
+    "build_rope",
     "SynthesizerAttention",
     "is_stack",
     "block_specs",
