@@ -144,3 +144,25 @@ def test_what_does_not_map_is_one_line(tmp_path):
         initialise_from(zoo_vit("vit_small_patch16_rope_224"), tmp_path / "w.safetensors")
     with pytest.raises(ValueError, match="pos_embed='none'"):
         initialise_from(zoo_vit("vit_small_patch16_rope_mixed_224", pos_embed="learn"), tmp_path / "w.safetensors")
+
+
+def test_a_gated_rope_vit_maps_its_gate_onto_the_channel_gate(tmp_path):
+    """timm's gated attention (attn.gate, a sigmoid after the scale-norm) is vitzoo's ``gate: channel``."""
+    arch = "vit_small_patch16_rope_224"
+    teacher = timm_rope_vit(arch)
+    torch.manual_seed(5)
+    for block in teacher.blocks:
+        block.attn.gate = torch.nn.Linear(32, 32, bias=True)
+    save_file(teacher.state_dict(), str(tmp_path / "gated.safetensors"))
+    model = vitzoo.create_model(
+        "vit_small",
+        attention={"name": "softmax", "rope": NAVER_AXIAL, "gate": "channel"},
+        **TINY,
+        pos_embed="none",
+        init_values=1e-5,
+    ).eval()
+    report = initialise_from(model, tmp_path / "gated.safetensors")
+    assert report.new == [] and report.unused == []
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(x), teacher(x), atol=1e-5)
