@@ -154,14 +154,14 @@ def additive_mask(attn_mask: Optional[torch.Tensor], like: torch.Tensor) -> Opti
 
 
 def key_padding(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The keys an ``attn_mask`` lets through, (B or 1, H or 1, Nk) bool, when the mask is the same for every query
-    (key padding); None for no mask. This is the one way an O(n) mechanism reads a mask.
+    """The keys an ``attn_mask`` lets through, (B or 1, 1, Nk) bool, when the mask is the same for every query (key
+    padding); None for no mask. This is the one way an O(n) mechanism reads a mask.
 
     Takes timm's boolean form (True = attend): (B, 1, 1, Nk) for keys alone, or (B, 1, Nq, Nk) whose rows are each
-    either that key row or all False (a padded query, as timm's NaFlex ``create_attention_mask`` builds it). A mask
-    that differs by query or by head, or an additive float one, is a ValueError: O(n) forms never form the n x n
-    matrix, and padding belongs to an image, not a head. Under
-    torch.compile / torch.export and the tracing exporters the rows are not compared (a data-dependent check).
+    either that key row or all False (a padded query, as timm's NaFlex ``create_attention_mask`` builds it); a 2-D
+    or 3-D mask broadcasts as in SDPA. A mask that differs by query or by head, or an additive float one, is a
+    ValueError: O(n) forms never form the n x n matrix, and padding belongs to an image, not a head. Under
+    torch.compile / torch.export and the tracing exporters the rows are not compared (a check on values).
     """
     if attn_mask is None:
         return None
