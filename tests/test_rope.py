@@ -11,6 +11,7 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDino
 
 import vitzoo
 from vitzoo.attention import SoftmaxAttention, list_attentions
+from vitzoo.attention import lion
 from vitzoo.attention.base import ROPE_FORMS
 from vitzoo.attention.decoupled import decoupled_attention, decoupled_attention_eager
 from vitzoo.attention.rope import build_rope, rotate
@@ -197,6 +198,30 @@ def test_pola_takes_decoupled_rope_on_both_polarity_halves():
     assert torch.allclose(layer(x), gated_out(layer, x, torch.cat(heads, dim=-1)), atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    "options", [{"decay": "fixed"}, {"decay": "selective", "order": "snake"}, {"decay": "none"}], ids=str
+)
+def test_lion_takes_decoupled_rope_in_its_scans(options):
+    """o_i = sum_j M_ij (R_i f_i).(R_j g_j) v_j / (sum_j M_ij f_i.g_j + eps sqrt(d)), M LION's decay mask (1 for
+    decay none), through the chunked scans (chunks of 4) against the float64 formula."""
+    spec = {"name": "lion", "rope": "mixed", "chunk": 4, **options}
+    layer = build(spec, dim=16, num_heads=H, tokens=17, prefix=1, qkv_bias=True).double()
+    x = torch.randn(2, 17, 16, dtype=torch.float64)
+    q, k, v = module_qkv(layer, x)
+    fq, fk = layer.features(q, k)
+    everyone = torch.arange(17)
+    if options["decay"] == "none":
+        mask = torch.ones(17, 17, dtype=torch.float64)
+    elif options.get("order") == "snake":
+        mask = lion.snake_mask(layer._snake_gates(x, fq), layer._orders(x), everyone)
+    else:
+        mask = lion.decay_mask(layer.log_gates(x, fq), everyone)
+    angles = layer.rope.angles((4, 4), 1, x)
+    num = (rotate_complex(fq, angles) @ rotate_complex(fk, angles).transpose(-2, -1)) * mask
+    den = ((fq @ fk.transpose(-2, -1)) * mask).sum(-1, keepdim=True) + layer.eps * D**0.5
+    assert torch.allclose(layer(x), module_out(layer, (num @ v) / den), atol=1e-10)
+
+
 def test_decoupled_o_n_path_equals_its_eager_twin_with_gradients():
     g = torch.Generator().manual_seed(0)
     fq, fk = (torch.rand(2, H, 13, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
@@ -368,3 +393,19 @@ def test_a_mechanism_declaring_no_rope_form_fails_loudly_instead_of_ignoring_rop
     layer = Undeclared(16, num_heads=H, rope="axial", num_tokens=16, grid_size=(4, 4))
     with pytest.raises(TypeError, match="has a rope but no rope_form"):
         layer(torch.randn(1, 16, 16))
+
+
+def test_lion_scans_with_rope_equal_the_quadratic_form_with_gradients():
+    g = torch.Generator().manual_seed(4)
+    fq, fk = (torch.rand(1, H, 13, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    v = torch.randn(1, H, 13, D, generator=g, dtype=torch.float64, requires_grad=True)
+    gates = (torch.rand(1, H, 13, generator=g, dtype=torch.float64) * 0.9 + 0.05).log()
+    angles = build_rope("axial", D, H).double().angles((3, 4), 1, v)
+    outs = [
+        lion.lion_chunked(fq, fk, v, gates, chunk=4, angles=angles),
+        lion.lion_masked(fq, fk, v, gates, angles=angles),
+    ]
+    assert torch.allclose(outs[0], outs[1], atol=1e-12)
+    grads = [torch.autograd.grad(out.sum(), (fq, fk, v)) for out in outs]
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-10)

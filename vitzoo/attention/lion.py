@@ -14,7 +14,7 @@ defines it.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from . import functional as AF
 from .base import ZooAttention
+from .decoupled import decoupled_linear
 from .registry import register_attention
+from .rope import rotate
 
 __all__ = [
     "LionAttention",
@@ -67,13 +69,31 @@ def decay_mask(log_gates: torch.Tensor, query_index: torch.Tensor) -> torch.Tens
     return torch.where(j <= i, before, after).exp()
 
 
+def _divided(num: torch.Tensor, den: torch.Tensor, eps: float, fq: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """num / (den + eps / tau), tau = d^-1/2, in v's dtype."""
+    return (num / (den + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+
+
+def _quadratic(fq, fk, v, mask: torch.Tensor, eps: float, angles: Optional[torch.Tensor]) -> torch.Tensor:
+    """A = (fq fk^T) * M, o = A v / (A 1 + eps / tau); with ``angles`` (decoupled RoPE) the numerator's A has the
+    turned features (R_i fq_i).(R_j fk_j), the normaliser the plain ones."""
+    plain = (fq @ fk.transpose(-2, -1)) * mask
+    attn = plain if angles is None else (rotate(fq, angles) @ rotate(fk, angles).transpose(-2, -1)) * mask
+    return _divided(attn @ v.to(attn.dtype), plain.sum(-1, keepdim=True), eps, fq, v)
+
+
 def lion_masked(
-    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, eps: float = 1e-6
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    v: torch.Tensor,
+    log_gates: torch.Tensor,
+    eps: float = 1e-6,
+    angles: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The quadratic form: A = (fq fk^T) * M, o = A v / (A 1 + eps / tau), tau = d^-1/2; O(n^2 d)."""
+    """The quadratic form: A = (fq fk^T) * M, o = A v / (A 1 + eps / tau), tau = d^-1/2; O(n^2 d). ``angles``: a
+    RoPE table (..., n, d/2) for the decoupled form (``_quadratic``)."""
     mask = decay_mask(log_gates, torch.arange(fq.shape[-2], device=fq.device))
-    attn = (fq @ fk.transpose(-2, -1)) * mask
-    return ((attn @ v.to(attn.dtype)) / (attn.sum(-1, keepdim=True) + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+    return _quadratic(fq, fk, v, mask, eps, angles)
 
 
 def _forward_scan(
@@ -117,12 +137,29 @@ def _widened(fq: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v.to(fq.dtype), torch.ones_like(v[..., :1], dtype=fq.dtype)], dim=-1)
 
 
+def _scanned(fq, fk, v, angles: Optional[torch.Tensor], sums: Callable) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(sum_j M_ij s_ij v_j, sum_j M_ij fq_i.fk_j) by ``sums(fq, fk, values)``: s the plain similarity in one pass
+    (v carries a ones column), or with ``angles`` (decoupled RoPE) the turned one, a second pass for the plain
+    normaliser."""
+    if angles is None:
+        both = sums(fq, fk, _widened(fq, v))
+        return both[..., :-1], both[..., -1:]
+    turned = sums(rotate(fq, angles), rotate(fk, angles), v.to(fq.dtype))
+    return turned, sums(fq, fk, torch.ones_like(fq[..., :1]))
+
+
 def lion_chunked(
-    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, log_gates: torch.Tensor, eps: float = 1e-6, chunk: int = 64
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    v: torch.Tensor,
+    log_gates: torch.Tensor,
+    eps: float = 1e-6,
+    chunk: int = 64,
+    angles: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``lion_masked``'s output in O(n (c + d) d): a forward and a backward chunked scan, the diagonal once."""
-    both = _scanned_sums(fq, fk, _widened(fq, v), log_gates, chunk)
-    return (both[..., :-1] / (both[..., -1:] + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+    num, den = _scanned(fq, fk, v, angles, lambda a, b, w: _scanned_sums(a, b, w, log_gates, chunk))
+    return _divided(num, den, eps, fq, v)
 
 
 def snake_orders(grid: Tuple[int, int], num_prefix: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -145,19 +182,20 @@ def lion_snake(
     orders: Tuple[torch.Tensor, torch.Tensor],
     eps: float = 1e-6,
     chunk: int = 64,
+    angles: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The natural-symbol form, M = (M^row + M^col) / 2: each order's masked sums by the chunked scans over the
     tokens taken in that order (``log_gates``, in the backbone's order, one tensor per order), put back in the
     backbone's order, averaged, then divided once; O(n (c + d) d)."""
-    wide = _widened(fq, v)
-    total = None
-    for gates, order in zip(log_gates, orders):
-        back = torch.argsort(order)
-        sums = _scanned_sums(fq[:, :, order], fk[:, :, order], wide[:, :, order], gates[..., order], chunk)
-        total = sums[:, :, back] if total is None else total + sums[:, :, back]
-    assert total is not None
-    total = total / 2
-    return (total[..., :-1] / (total[..., -1:] + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+
+    def sums(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros_like(w)
+        for gates, order in zip(log_gates, orders):
+            ordered = _scanned_sums(a[:, :, order], b[:, :, order], w[:, :, order], gates[..., order], chunk)
+            total = total + ordered[:, :, torch.argsort(order)]
+        return total / 2
+
+    return _divided(*_scanned(fq, fk, v, angles, sums), eps, fq, v)
 
 
 def snake_mask(
@@ -183,10 +221,11 @@ def lion_snake_masked(
     log_gates: Tuple[torch.Tensor, torch.Tensor],
     orders: Tuple[torch.Tensor, torch.Tensor],
     eps: float = 1e-6,
+    angles: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The quadratic natural-symbol form: A = (fq fk^T) * (M^row + M^col) / 2, o = A v / (A 1 + eps / tau)."""
-    attn = (fq @ fk.transpose(-2, -1)) * snake_mask(log_gates, orders, torch.arange(fq.shape[-2], device=fq.device))
-    return ((attn @ v.to(attn.dtype)) / (attn.sum(-1, keepdim=True) + eps * fq.shape[-1] ** 0.5)).to(v.dtype)
+    mask = snake_mask(log_gates, orders, torch.arange(fq.shape[-2], device=fq.device))
+    return _quadratic(fq, fk, v, mask, eps, angles)
 
 
 def _gate(dim: int, num_heads: int, dd: Dict[str, Any]) -> nn.Linear:
@@ -209,9 +248,11 @@ class LionAttention(ZooAttention):
     order has its own ``decay_logit_col`` or ``gate_col``; needs a mask, so not with ``decay='none'``). Nothing
     is tied to the token count: a new grid changes the raster distances (vertical neighbours are w apart) or
     the snakes. Logit noise is the factor exp(eps_j) on phi(k_j). A key-padding ``attn_mask``: ``decay: none`` leaves
-    the padded keys out; the decays refuse it (padding changes the token order they run along).
+    the padded keys out; the decays refuse it (padding changes the token order they run along). ``rope`` takes the
+    decoupled form: turned features in the numerator (a second pass of the scans), plain ones in the normaliser.
     """
 
+    rope_form = "decoupled"
     has_logits = False
     no_causal = "it is bidirectional; use attention='linear' with causal: true"
 
@@ -279,13 +320,16 @@ class LionAttention(ZooAttention):
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         keys = self.key_padding(attn_mask)
         fq, fk = self.features(q, k, logit_noise)
+        angles = None if self.rope is None else self.rope_angles(fq.shape[-2], fq)
         if self.decay == "none":
             eps = self.eps * self.head_dim**0.5
+            if angles is not None:
+                return decoupled_linear(fq, AF.mask_keys(fk, keys), angles, v, eps, self.impl, 1)
             out = AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", eps, self.impl, key_mask=keys)
             return out.to(v.dtype)
         if self.order == "snake":
-            return lion_snake(fq, fk, v, self._snake_gates(x, fq), self._orders(x), self.eps, self.chunk)
-        return lion_chunked(fq, fk, v, self.log_gates(x, fq), self.eps, self.chunk)
+            return lion_snake(fq, fk, v, self._snake_gates(x, fq), self._orders(x), self.eps, self.chunk, angles)
+        return lion_chunked(fq, fk, v, self.log_gates(x, fq), self.eps, self.chunk, angles)
 
     def _orders(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return snake_orders(self.current_grid(x.shape[1]), self.num_prefix_tokens, x.device)
@@ -294,8 +338,14 @@ class LionAttention(ZooAttention):
         return self.log_gates(x, like), self.log_gates(x, like, column=True)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
+        """The implied weights' rows normalised; with ``rope`` their absolute value (the turned weights are signed)."""
         fq, fk = self.features(q, k)
-        attn = fq[:, :, query_index] @ AF.mask_keys(fk, self.key_padding(attn_mask)).transpose(-2, -1)
+        fk = AF.mask_keys(fk, self.key_padding(attn_mask))
+        if self.rope is None:
+            attn = fq[:, :, query_index] @ fk.transpose(-2, -1)
+        else:
+            angles = self.rope_angles(fq.shape[-2], fq)
+            attn = (rotate(fq, angles)[:, :, query_index] @ rotate(fk, angles).transpose(-2, -1)).abs()
         if self.order == "snake":
             attn = attn * snake_mask(self._snake_gates(x, fq), self._orders(x), query_index)
         elif self.decay != "none":
