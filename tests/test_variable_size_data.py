@@ -86,3 +86,24 @@ def test_a_linear_vit_trains_one_epoch_at_native_resolution(tmp_path):
     metrics = train(cfg)
     assert metrics["global_step"] >= 2 and math.isfinite(metrics["train/loss_epoch"])
     assert 0.0 <= metrics["val/acc1"] <= 1.0
+
+
+def test_shards_serve_native_batches_too(tmp_path):
+    from vitzoo.data.pack import pack
+    from vitzoo.data.shards import ShardsDataModule
+
+    pack(mixed_folder(tmp_path / "src"), tmp_path / "shards", val_fraction=0.34)
+    dm = ShardsDataModule(
+        str(tmp_path / "shards"),
+        img_size=32,
+        batch_size=6,
+        num_workers=0,
+        recipe="cifar",
+        native_resolution=True,
+        native_multiple=4,
+    )
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert isinstance(images, list) and len(images) == len(labels) == 6
+    assert len({tuple(img.shape) for img in images}) > 1
+    assert all(img.shape[1] % 4 == 0 and img.shape[2] % 4 == 0 and max(img.shape[1:]) <= 32 for img in images)

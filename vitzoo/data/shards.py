@@ -21,6 +21,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 
 from .datamodule import ImageDataModule
 from .imagefolder import IMAGENET_MEAN, IMAGENET_STD
+from .native import collate_native
 from .pack import META_NAME
 from .sampling import sample_seed
 
@@ -58,7 +59,8 @@ class ShardsDataModule(ImageDataModule):
     """``root``: a folder or URL holding ``train/``, ``val/`` and ``vitzoo.json`` (the class names) as packed.
     ``num_classes``: null = from ``vitzoo.json`` (give it for a URL). ``cache_dir``: where litdata keeps chunks of a
     remote ``root`` (null: litdata's default). ``recipe`` defaults to ``deit``. Loader workers start afresh each
-    epoch (each worker reads the epoch it augments for)."""
+    epoch (each worker reads the epoch it augments for). ``native_resolution`` (with ``recipe: cifar``) as in
+    :class:`~vitzoo.data.datamodule.ImageDataModule`."""
 
     def __init__(
         self,
@@ -102,7 +104,7 @@ class ShardsDataModule(ImageDataModule):
         root = self.root if "://" in self.root else os.path.expanduser(self.root)
         return ShardDataset(
             f"{root}/{name}",
-            recipe.train if augment else recipe.eval,
+            self._transform(recipe, augment),
             recipe.decode,
             augment=augment,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
@@ -126,4 +128,5 @@ class ShardsDataModule(ImageDataModule):
             drop_last=train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and self._device().type == "cuda",
+            collate_fn=collate_native if self.native_resolution else None,
         )
