@@ -263,3 +263,20 @@ def test_a_bad_key_mask_is_one_line_naming_the_form():
     with pytest.raises(ValueError, match="bool \\(B or 1, H or 1, Nk\\)") as err:
         fused_linear_attention(q, q, q, key_mask=torch.ones(2, 5))
     assert "\n" not in str(err.value)
+
+
+def test_compiled_masked_linear_forward_and_backward_match_eager():
+    """torch.compile (fullgraph, aot_eager: forward and backward graphs) of a masked linear layer gives eager's
+    output and gradients; the fused op stays one op with the mask's features through it."""
+    layer = build_attention("linear", 16, num_heads=2)
+    x, mask, _ = pad_tokens([t.float() for t in images(GRIDS, 0, 16)], GRIDS, 0)
+    compiled = torch.compile(Masked(layer), fullgraph=True, backend="aot_eager")
+    outs, grads = [], []
+    for fn in (compiled, Masked(layer)):
+        xi = x.clone().requires_grad_()
+        out = fn(xi, mask)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), [xi, *layer.parameters()]))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
