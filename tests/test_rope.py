@@ -409,3 +409,25 @@ def test_lion_scans_with_rope_equal_the_quadratic_form_with_gradients():
     grads = [torch.autograd.grad(out.sum(), (fq, fk, v)) for out in outs]
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "softmax", "rope": "mixed"},
+        {"name": "pola", "rope": "axial"},
+        {"name": "lion", "decay": "none", "rope": "mixed"},
+    ],
+    ids=lambda s: f"{s['name']}-{s['rope']}",
+)
+def test_a_variable_size_batch_with_rope_gives_each_image_its_own_output(spec):
+    """Each image's own table on the padded canvas (per-head tables for mixed): every image as it is alone."""
+    torch.manual_seed(0)
+    model = vitzoo.create_model(
+        "vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3
+    )
+    model = model.double().eval()
+    images = [torch.randn(3, 32, 32, dtype=torch.float64), torch.randn(3, 24, 40, dtype=torch.float64)]
+    with torch.no_grad():
+        alone = torch.cat([model(image[None]) for image in images])
+        assert torch.allclose(model(images), alone, atol=1e-10)
