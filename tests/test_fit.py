@@ -8,7 +8,7 @@ import math
 import pytest
 
 from vitzoo.data import SyntheticDataModule
-from vitzoo.options import ClassifierOptions, OptimOptions
+from vitzoo.options import ClassifierOptions, OptimOptions, TransferOptions
 from vitzoo.training import FitResult, ImageClassifier, fit
 from vitzoo.training.evaluate import read_checkpoint
 
@@ -43,6 +43,8 @@ def test_fit_names_what_a_python_caller_gets_wrong(tmp_path):
         fit("vit_cifar", _data(), tmp_path, model_kwargs=TINY, trainer={})
     with pytest.raises(ValueError, match=r"^module.optim has no option\(s\) \['lrate'\]; valid options"):
         fit("vit_cifar", _data(), tmp_path, options={"optim": {"lrate": 1}}, trainer={"max_epochs": 1})
+    with pytest.raises(ValueError, match=r"stage 1 starts from a pretrained softmax ViT: pass init_from=<timm"):
+        fit("vit_cifar", _data(), tmp_path, model_kwargs=TINY, transfer=TransferOptions(), trainer={"max_epochs": 1})
     module = ImageClassifier("vit_cifar", "softmax", num_classes=4, img_size=16, model_kwargs=TINY)
     with pytest.raises(ValueError, match=r"fit got a built module and \['attention'\], which build one"):
         fit(module, _data(), tmp_path, attention="linear", trainer={"max_epochs": 1})

@@ -43,11 +43,13 @@ def build_classifier(cfg: DictConfig, datamodule) -> ImageClassifier:
             transfer=_plain(cfg.get("transfer")),
             resume=bool(cfg.get("ckpt_path")),
         )
-    except ValueError as err:  # the library names create_model's arguments; the command line sets them here
+    except ValueError as err:  # the library names its arguments; the command line sets them here
         if "keyword argument" in str(err):
             raise ValueError(
                 f"{err} (train.py: model.kwargs.<name>=..., +model.kwargs.<name>=... to add one)"
             ) from None
+        if "pass init_from=" in str(err):
+            raise ValueError(str(err).replace("pass init_from=", "pass model.init_from=")) from None
         raise
 
 

@@ -90,7 +90,7 @@ class AttentionTransfer(ImageClassifier):
             where = "stage 1" if self.stage == 1 else "stage 2 without transfer.student"
             raise ValueError(
                 f"attention transfer {where} starts from a pretrained softmax ViT: pass "
-                f"model.init_from=<timm:name.tag | state dict file | export folder>"
+                f"init_from=<timm:name.tag | state dict file | export folder>"
             )
         initialise_from(self.model, init_from)
         if self.teacher is not None:
