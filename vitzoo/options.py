@@ -12,7 +12,7 @@ valid ones, never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Collection, Dict, List, Optional
+from typing import Any, Collection, List, Optional, Tuple
 
 __all__ = [
     "OptimOptions",
@@ -22,6 +22,8 @@ __all__ = [
     "SweepOptions",
     "RobustnessOptions",
     "SegmentationOptions",
+    "SegmentationDataOptions",
+    "ShapesDataOptions",
     "PredictOptions",
     "SCHEMAS",
     "register_configs",
@@ -122,7 +124,7 @@ class SegmentationOptions:
     (``module`` of ``--config-name segment``)."""
 
     attention: Any = None  # only for an arch trained from scratch; an export fixes its own attention
-    model_kwargs: Optional[Dict[str, Any]] = None  # timm kwargs for an arch from scratch
+    model_kwargs: Any = None  # a mapping of timm kwargs for an arch from scratch
     out_indices: Optional[List[int]] = None  # feature levels; None = the backbone's own (4 blocks over a ViT's depth)
     neck: Optional[str] = None  # simple_fpn: ViTDet's pyramid (strides patch/4 .. 2 x patch) from a plain ViT's map
     decoder_channels: int = 128
@@ -136,6 +138,38 @@ class SegmentationOptions:
     min_lr_ratio: float = 0.01
     overlap: float = 0.25  # of a validation / predict window, averaged where windows meet
     flip: bool = False  # add the horizontally flipped view (2x the cost)
+
+
+@dataclass
+class SegmentationDataOptions:
+    """:class:`~vitzoo.segmentation.SegmentationDataModule`'s options besides its root and class count (``data`` of
+    ``--config-name segment``)."""
+
+    class_names: Optional[List[str]] = None  # one per class index, e.g. [interior,membrane]; None = class_<c>
+    images: Optional[str] = None  # folder, file (TIFF stack) or glob under root; None = images/ image/ imgs/ img/
+    masks: Optional[str] = None  # likewise; None = the one of masks/ mask/ labels/ label/ annotations/ gt/
+    mask_suffix: str = ""  # mask stem = image stem + this (e.g. _mask)
+    unpaired: str = "error"  # files without a partner: error | skip (logged)
+    mask_values: Any = None  # a mapping: raw mask value -> class, e.g. {0: 1, 255: 0} (0 marks the object)
+    binary_threshold: Optional[float] = None  # or: class 1 where the mask value >= this (JPEG masks); 2 classes
+    ignore_index: int = 255  # mask value (after mask_values) of unlabeled pixels
+    in_chans: int = 3  # 3: grayscale replicated, RGB statistics; 1: the backbone's first conv summed over RGB
+    img_size: Any = 256  # train crop and validation window; a multiple of the patch size (ViT) or 32 (ResNet)
+    rescale: Tuple[float, float] = (0.75, 1.5)  # random rescale range before the crop (validation: native size)
+    repeats: int = 1  # passes over the training images per epoch (raise it for a short data set)
+    batch_size: int = 8
+    num_workers: Any = "auto"  # auto = usable CPUs - 1 (at most 8)
+    val_fraction: float = 0.2  # without root/train + root/val: round(this * images) held out
+    seed: int = 0
+
+
+@dataclass
+class ShapesDataOptions(SegmentationDataOptions):
+    """The generated shapes set's (:class:`~vitzoo.segmentation.ShapesDataModule`, ``--config-name
+    segment_shapes``), written to its root on first use."""
+
+    num_images: int = 200
+    img_size: Any = 64
 
 
 @dataclass
@@ -158,6 +192,8 @@ SCHEMAS = {
     "transfer": TransferOptions,
     "robustness": RobustnessOptions,
     "segmentation": SegmentationOptions,
+    "segmentation_data": SegmentationDataOptions,
+    "shapes_data": ShapesDataOptions,
     "predict": PredictOptions,
 }
 

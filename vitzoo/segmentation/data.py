@@ -26,6 +26,7 @@ from timm.layers import to_2tuple
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vitzoo.data.workers import resolve_num_workers
+from vitzoo.options import SegmentationDataOptions
 
 from .files import Sample, find_samples
 from .io import GRAY_MODES, image_mode, read_image, read_mask
@@ -74,29 +75,30 @@ class SegmentationDataModule(L.LightningDataModule):
 
     ``repeats`` passes over the training images per epoch (a short set still gets a sensible epoch);
     ``num_workers='auto'`` sizes the loaders from the usable CPUs. At setup every mask is read once: values
-    are checked and the class histogram of the training masks is logged (kept in ``class_pixels``).
+    are checked and the class histogram of the training masks is logged (kept in ``class_pixels``). The defaults
+    and meaning of its options: :class:`~vitzoo.options.SegmentationDataOptions`.
     """
 
     def __init__(
         self,
         root: str,
         num_classes: int,
-        class_names: Optional[Sequence[str]] = None,
-        img_size: Union[int, Sequence[int]] = 256,
-        batch_size: int = 8,
-        num_workers: Union[int, str] = "auto",
-        val_fraction: float = 0.2,
-        rescale: Sequence[float] = (0.75, 1.5),
-        ignore_index: int = 255,
-        mask_values: Optional[Mapping[int, int]] = None,
-        binary_threshold: Optional[float] = None,
-        images: Optional[str] = None,
-        masks: Optional[str] = None,
-        mask_suffix: str = "",
-        unpaired: str = "error",
-        in_chans: int = 3,
-        repeats: int = 1,
-        seed: int = 0,
+        class_names: Optional[Sequence[str]] = SegmentationDataOptions.class_names,
+        img_size: Union[int, Sequence[int]] = SegmentationDataOptions.img_size,
+        batch_size: int = SegmentationDataOptions.batch_size,
+        num_workers: Union[int, str] = SegmentationDataOptions.num_workers,
+        val_fraction: float = SegmentationDataOptions.val_fraction,
+        rescale: Sequence[float] = SegmentationDataOptions.rescale,
+        ignore_index: int = SegmentationDataOptions.ignore_index,
+        mask_values: Optional[Mapping[int, int]] = SegmentationDataOptions.mask_values,
+        binary_threshold: Optional[float] = SegmentationDataOptions.binary_threshold,
+        images: Optional[str] = SegmentationDataOptions.images,
+        masks: Optional[str] = SegmentationDataOptions.masks,
+        mask_suffix: str = SegmentationDataOptions.mask_suffix,
+        unpaired: str = SegmentationDataOptions.unpaired,
+        in_chans: int = SegmentationDataOptions.in_chans,
+        repeats: int = SegmentationDataOptions.repeats,
+        seed: int = SegmentationDataOptions.seed,
     ):
         super().__init__()
         self.save_hyperparameters()

@@ -13,7 +13,7 @@ from timm.optim import param_groups_weight_decay
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from vitzoo.attention import AttentionSpec
-from vitzoo.options import SegmentationOptions
+from vitzoo.options import SegmentationDataOptions, SegmentationOptions
 from vitzoo.training.optim import build_scheduler
 
 from .inference import sliding_window_probs
@@ -61,8 +61,8 @@ class SegmentationModule(L.LightningModule):
         weight_decay: float = SegmentationOptions.weight_decay,
         warmup_epochs: float = SegmentationOptions.warmup_epochs,
         min_lr_ratio: float = SegmentationOptions.min_lr_ratio,
-        ignore_index: int = 255,
-        in_chans: int = 3,
+        ignore_index: int = SegmentationDataOptions.ignore_index,
+        in_chans: int = SegmentationDataOptions.in_chans,
         window: Optional[Union[int, Sequence[int]]] = None,
         overlap: float = SegmentationOptions.overlap,
         flip: bool = SegmentationOptions.flip,

@@ -8,6 +8,8 @@ from typing import Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vitzoo.options import ShapesDataOptions
+
 from .data import SegmentationDataModule
 
 __all__ = ["SHAPE_CLASSES", "make_shapes_dataset", "ShapesDataModule"]
@@ -70,11 +72,11 @@ class ShapesDataModule(SegmentationDataModule):
     def __init__(
         self,
         root: str,
-        num_images: int = 200,
+        num_images: int = ShapesDataOptions.num_images,
         num_classes: int = len(SHAPE_CLASSES),
         class_names: Optional[Sequence[str]] = SHAPE_CLASSES,
-        img_size: Union[int, Tuple[int, int]] = 64,
-        seed: int = 0,
+        img_size: Union[int, Tuple[int, int]] = ShapesDataOptions.img_size,
+        seed: int = ShapesDataOptions.seed,
         **kwargs,
     ):
         if num_classes != len(SHAPE_CLASSES):
