@@ -8,6 +8,7 @@ adding one is its file, its import line here and its preset in configs/model/.
 from . import functional
 from .agent import AgentAttention
 from .base import HEAD_MODES, HeadProjection, ZooAttention
+from .canvas import on_canvas, tables_on_canvas
 from .decoupled import DecoupledRopeAttention
 from .efficient import EfficientAttention
 from .feature_maps import FeatureMap, build_feature_map, list_feature_maps, register_feature_map
@@ -73,6 +74,8 @@ __all__ = [
     "Rope",
     "ROPE_NAMES",
     "build_rope",
+    "on_canvas",
+    "tables_on_canvas",
     "SynthesizerAttention",
     "is_stack",
     "block_specs",
