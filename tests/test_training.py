@@ -152,6 +152,22 @@ def _scalars(run: Path) -> Dict[str, Dict[int, float]]:
     return series
 
 
+def _full_and_crashed_at_step_11(tmp_path, base):
+    """The 16 steps of ``base`` uninterrupted (its metrics), and the same run stopped by a crash after step 11:
+    its last.ckpt and that checkpoint read."""
+    full = train(compose_config(tmp_path / "full", base))
+    assert full["global_step"] == 16
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(
+            compose_config(
+                tmp_path / "crash",
+                [*base, "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=11"],
+            )
+        )
+    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"
+    return full, last, read_checkpoint(last)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["mid-epoch", "epoch boundary"])
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop):
@@ -161,18 +177,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop):
     base = ["debug=tiny_vit", "trainer.max_epochs=2", "data.num_train=128", "model.kwargs.drop_path_rate=0.2"]
     if stop == "epoch boundary":
         base += ["callbacks.step_checkpoint=null", "module.mixup.mixup_alpha=0.4"]
-    full = train(compose_config(tmp_path / "full", base))
-    assert full["global_step"] == 16
-
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(
-            compose_config(
-                tmp_path / "crash",
-                [*base, "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=11"],
-            )
-        )
-    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"
-    crashed = read_checkpoint(last)
+    full, last, crashed = _full_and_crashed_at_step_11(tmp_path, base)
     assert crashed["global_step"] == (11 if stop == "mid-epoch" else 8)
     assert crashed["train_loader"] == (
         {"epoch": 1, "batches_taken": 3} if stop == "mid-epoch" else {"epoch": 0, "batches_taken": 8}
@@ -192,18 +197,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, stop):
 
 def test_resume_after_a_mid_epoch_crash_finishes_like_an_uninterrupted_run(tmp_path):
     base = ["debug=tiny_vit", "trainer.max_epochs=2", "data.num_train=128"]  # 8 steps per epoch
-    full = train(compose_config(tmp_path / "full", base))
-    assert full["global_step"] == 16
-
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(
-            compose_config(
-                tmp_path / "crash",
-                [*base, "+callbacks.crash._target_=conftest.CrashAtStep", "+callbacks.crash.step=11"],
-            )
-        )
-    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"  # written by save_on_exception, mid epoch 2
-    crashed = read_checkpoint(last)
+    full, last, crashed = _full_and_crashed_at_step_11(tmp_path, base)  # last.ckpt: save_on_exception, mid epoch 2
     assert crashed["global_step"] == 11 and crashed["epoch"] == 1
     assert crashed["lr_schedulers"][0]["last_epoch"] == 11
 
