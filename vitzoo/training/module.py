@@ -91,7 +91,7 @@ class ImageClassifier(ExactResume):
         # plain values in the hyperparameters, so that a weights_only load reads the checkpoint
         optim, mixup = dataclasses.asdict(recipe.optim), dataclasses.asdict(recipe.mixup)
         label_smoothing, compile, channels_last = recipe.label_smoothing, recipe.compile, recipe.channels_last
-        self.save_hyperparameters(logger=False)  # run.train logs the whole config instead
+        self.save_hyperparameters(logger=False)  # fit() logs them (train.py: the whole config instead)
         self.optim, mix = optim, mixup
         self.model = build_model(self.hparams)
         if channels_last:
