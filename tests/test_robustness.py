@@ -660,5 +660,5 @@ def test_eval_records_pgd_accuracy_per_checkpoint(checkpoints, tmp_path):
     with open(tmp_path / "robustness.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["test"] == "pgd_linf"]
     assert [float(r["fgsm_acc1"]) for r in rows] == [adv[2.0]["fgsm_acc1"], adv[8.0]["fgsm_acc1"]]
-    with pytest.raises(ValueError, match=r"robustness.adversarial \[-1\] must be positive"):
+    with pytest.raises(ValueError, match=r"robustness.adversarial \[-1.0\] must be positive"):
         evaluate_checkpoints(compose_config(tmp_path / "bad", [*overrides, "robustness.adversarial=[-1]"], name="eval"))
