@@ -35,7 +35,7 @@ def _schema_files():
 
 def test_the_yaml_sets_only_what_differs_from_its_schema():
     files = list(_schema_files())
-    assert {name for _, name, _ in files} == set(SCHEMAS) - {"optim", "mixup"}  # those two: inside module
+    assert {name for _, name, _ in files} == set(SCHEMAS)
     for path, name, package in files:
         own = OmegaConf.to_container(OmegaConf.load(path))
         own = own.get(package, {}) if package else {k: v for k, v in own.items() if k != "defaults"}

@@ -185,9 +185,7 @@ class PredictOptions:
     device: str = "auto"  # auto | cpu | cuda | cuda:1
 
 
-SCHEMAS = {
-    "optim": OptimOptions,
-    "mixup": MixupOptions,
+SCHEMAS = {  # the schemas configs/ names (optim and mixup are inside module)
     "module": ClassifierOptions,
     "transfer": TransferOptions,
     "robustness": RobustnessOptions,
