@@ -14,7 +14,7 @@ on a busy machine).
     python benchmarks/train_throughput.py --batch-size 128 --attention linear:impl=eager --attention linear:impl=torch
     python benchmarks/train_throughput.py --data ../shared/data/cifar10-train-jpg.tar.gz   # + both data paths
     python benchmarks/train_throughput.py --inference --arch vit_tiny --img-size 224 --batch-size 8 --steps 1 \
-        --rounds 21 --attention softmax:rope=axial --attention softmax:gate=channel   # the cost of what is off
+        --rounds 21 --attention softmax:rope=axial --timm vit_small_patch16_rope_224   # RoPE beside timm's RoPE ViT
 
 ``--data`` (an image folder or the CIFAR .tar.gz) adds two rows: the zoo ViT fed real, augmented batches
 by the albumentations DataLoader (``--workers``) and by the device-resident path (``data.device_cache``),
@@ -31,6 +31,7 @@ import statistics
 import time
 
 import torch
+import timm
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
@@ -53,7 +54,7 @@ def attention_spec(text: str) -> dict:
     return spec
 
 
-def build(arch: str, img_size: int, num_classes: int, extra_attention=()):
+def build(arch: str, img_size: int, num_classes: int, extra_attention=(), extra_timm=()):
     shape = {k: v for k, v in VIT_ARCHS[arch].items() if k not in ("img_size", "num_classes")}
     zoo = vitzoo.create_model(arch, attention="softmax", img_size=img_size, num_classes=num_classes)
     ref = VisionTransformer(img_size=img_size, num_classes=num_classes, dynamic_img_size=True, **shape)
@@ -64,6 +65,8 @@ def build(arch: str, img_size: int, num_classes: int, extra_attention=()):
     for spec in extra_attention:
         label = "vitzoo " + ",".join(str(v) for v in spec.values())
         models[label] = vitzoo.create_model(arch, attention=spec, img_size=img_size, num_classes=num_classes)
+    for name in extra_timm:  # timm's own variant (e.g. its RoPE ViT) at the zoo's shape
+        models[f"timm {name}"] = timm.create_model(name, img_size=img_size, num_classes=num_classes, **shape)
     return models, shape
 
 
@@ -146,6 +149,12 @@ def main() -> None:
         default=[],
         help="also time a zoo ViT with this attention, e.g. linear:impl=torch (repeatable)",
     )
+    parser.add_argument(
+        "--timm",
+        action="append",
+        default=[],
+        help="also time this timm model at the same shape, e.g. vit_small_patch16_rope_224 (repeatable)",
+    )
     parser.add_argument("--data", help="image folder or CIFAR .tar.gz: add rows fed by both data paths")
     parser.add_argument("--workers", type=int, default=1, help="--data: DataLoader workers of the albumentations path")
     parser.add_argument("--csv", help="also write the table to this CSV file")
@@ -156,7 +165,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.manual_seed(0)
-    models, shape = build(args.arch, args.img_size, 10, args.attention)
+    models, shape = build(args.arch, args.img_size, 10, args.attention, args.timm)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
     feeds = {name: (model, lambda: (x, y)) for name, model in models.items()}
