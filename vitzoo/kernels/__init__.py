@@ -92,8 +92,10 @@ def fused_linear_attention(
     tensors and a map of ``KERNEL_MAPS``, torch ops otherwise; True insists on the kernel, False on torch
     ops); a call that runs the Triton kernels refuses them rather than ignore them. Empty inputs (no tokens,
     heads or channels) take the torch path whatever ``impl``; with no keys the output is zeros (S = 0, z = 0).
-    ``key_mask`` (bool (B or 1, H or 1, Nk), True = the key counts): the features are computed first (fp32 or
-    wider), those of the other keys zeroed (``mask_keys``), and the kernels run them through the ``identity`` map.
+    ``key_mask`` (bool (B or 1, H or 1, Nk), True = the key counts): the other keys are set to the map's
+    ``zero_input`` (elu: -inf, relu and identity: 0), whose feature and derivative are 0, so every kernel runs its own
+    map unchanged; for a map without one (taylor) the features are computed first (fp32 or wider), those of the other
+    keys zeroed (``mask_keys``), and the kernels run them through ``identity``.
     """
     if impl not in FUSED_IMPLS:
         hint = (
@@ -106,9 +108,12 @@ def fused_linear_attention(
     check_inputs(q, k, v)
     check_key_mask(key_mask, k)
     if key_mask is not None:
-        wide = sum_dtype(q.dtype)
-        fq, fk = phi(q.to(wide)), mask_keys(phi(k.to(wide)), key_mask)
-        return fused_linear_attention(fq, fk, v.to(wide), "identity", eps, impl, chunk, use_kernel).to(v.dtype)
+        zero = _maps.FUSED_MAPS[feature_map].zero_input
+        if zero is None:
+            wide = sum_dtype(q.dtype)
+            fq, fk = phi(q.to(wide)), mask_keys(phi(k.to(wide)), key_mask)
+            return fused_linear_attention(fq, fk, v.to(wide), "identity", eps, impl, chunk, use_kernel).to(v.dtype)
+        k = torch.where(key_mask.unsqueeze(-1), k, k.new_full((), zero))  # a select: a padded key's own value is gone
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch

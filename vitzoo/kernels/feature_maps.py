@@ -96,21 +96,23 @@ def _identity_grad(df, f, aux, out):
 
 
 class FusedMap(NamedTuple):
-    """A fused feature map: its value, the torch path's in-scratch value and derivative, added width, and its
-    number in the compiled kernels (None where they do not apply it)."""
+    """A fused feature map: its value, the torch path's in-scratch value and derivative, added width, its number in
+    the compiled kernels (None where they do not apply it), and an input whose feature and derivative are 0 (a
+    padded key is set to it; None: no such input, the features are computed first)."""
 
     value: Callable[[torch.Tensor], torch.Tensor]
     phi: Callable
     grad: Callable
     extra: int = 0
     kernel: Optional[int] = None
+    zero_input: Optional[float] = None
 
 
 FUSED_MAPS: Dict[str, FusedMap] = {
-    "elu": FusedMap(elu_plus_one, _elu_phi, _elu_grad, kernel=0),
-    "relu": FusedMap(relu, _relu_phi, _relu_grad, kernel=1),
-    "taylor": FusedMap(taylor, _taylor_phi, _taylor_grad, extra=1),
-    "identity": FusedMap(identity, _identity_phi, _identity_grad, kernel=2),
+    "elu": FusedMap(elu_plus_one, _elu_phi, _elu_grad, kernel=0, zero_input=float("-inf")),  # exp(-inf) = 0
+    "relu": FusedMap(relu, _relu_phi, _relu_grad, kernel=1, zero_input=0.0),
+    "taylor": FusedMap(taylor, _taylor_phi, _taylor_grad, extra=1),  # [1, x / |x|] is never 0
+    "identity": FusedMap(identity, _identity_phi, _identity_grad, kernel=2, zero_input=0.0),
 }
 KERNEL_MAPS: Dict[str, int] = {name: m.kernel for name, m in FUSED_MAPS.items() if m.kernel is not None}
 
