@@ -186,6 +186,17 @@ def test_linear_refuses_a_query_dependent_mask_in_one_line():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["linear", "softmax"])
+@pytest.mark.parametrize("shape", [(2, 1, 1, 4), (3, 1, 1, 5), (2, 5), (2, 1, 5, 4)])
+def test_a_mask_that_does_not_fit_the_tokens_is_one_line(name, shape):
+    """A mask for other tokens or images, or a (B, N) one (SDPA would read its B rows as queries), is refused
+    before any mechanism reads it."""
+    layer = build_attention(name, 16, num_heads=2)
+    with pytest.raises(ValueError, match="does not broadcast to .* \\(B, 1, 1, N\\) key padding") as err:
+        layer(torch.randn(2, 5, 16), attn_mask=torch.ones(shape, dtype=torch.bool))
+    assert "\n" not in str(err.value)
+
+
 class Masked(torch.nn.Module):
     """A layer called with an attn_mask, as exporters take it (x and the mask as inputs)."""
 

@@ -14,7 +14,7 @@ from vitzoo.attention import SoftmaxAttention, list_attentions
 from vitzoo.attention import lion
 from vitzoo.attention.base import ROPE_FORMS
 from vitzoo.attention.decoupled import decoupled_attention, decoupled_attention_eager
-from vitzoo.attention.rope import build_rope, rotate
+from vitzoo.attention.rope import build_rope, rotate, rotate_both
 
 from attention_reference import module_out, module_qkv, phi, softmax_ref
 from mech_checks import build
@@ -117,6 +117,8 @@ def test_rotate_is_the_complex_rotation_and_keeps_dtype():
     x, angles = torch.randn(2, H, 5, D, dtype=torch.float64), torch.randn(H, 5, D // 2, dtype=torch.float64)
     assert torch.allclose(rotate(x, angles), rotate_complex(x, angles), atol=1e-12)
     assert rotate(x.half(), angles.float()).dtype == torch.half
+    k = torch.randn_like(x)
+    assert all(torch.equal(a, b) for a, b in zip(rotate_both(x, k, angles), (rotate(x, angles), rotate(k, angles))))
 
 
 @pytest.mark.parametrize("spec", ["axial", "mixed", "dinov3"])
@@ -280,6 +282,11 @@ def test_every_mechanism_takes_rope_or_refuses_it_in_one_line():
         ({"name": "axial", "indexing": "yx"}, "indexing"),
         ({"name": "dinov3", "normalize": "mean"}, "normalize"),
         ({"name": "axial", "base": 0}, "base"),
+        ({"name": "axial", "base": "100"}, "base must be a number"),
+        ({"name": "axial", "offset": "a"}, "offset must be a finite number"),
+        ({"name": "axial", "ref_grid": 4}, "ref_grid must be a grid"),
+        ({"name": "axial", "ref_grid": (4.5, 4)}, "positive integers"),
+        ({"base": 100}, "needs a 'name'"),
     ],
 )
 def test_bad_rope_specs_are_one_line_errors(spec, fix):

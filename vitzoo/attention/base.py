@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .canvas import canvas_rope
-from .rope import RopeSpec, build_rope, rotate
+from .rope import RopeSpec, build_rope, rotate_both
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 
@@ -199,15 +199,25 @@ class ZooAttention(nn.Module):
         raise NotImplementedError
 
     # -- shared machinery ---------------------------------------------------------------------
-    def check_mask(self, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
+    def check_mask(self, attn_mask: Optional[torch.Tensor], is_causal: bool, x: torch.Tensor) -> None:
         """An ``attn_mask`` or ``is_causal`` the mechanism has no form for is a one-line error (``no_mask``,
-        ``no_causal`` say why), never silently ignored."""
+        ``no_causal`` say why), never silently ignored; so is a mask that does not broadcast to (B, heads, N, N) of
+        the tokens x (B, N, C)."""
         for given, option, why in (
             (attn_mask is not None, "attn_mask", self.no_mask),
             (is_causal, "is_causal", self.no_causal),
         ):
             if given and why is not None:
                 raise ValueError(f"{type(self).__name__} takes no {option}: {why}")
+        if attn_mask is None:
+            return
+        full = (x.shape[0], self.num_heads, x.shape[1], x.shape[1])
+        shape = tuple(attn_mask.shape)
+        if len(shape) > 4 or any(s != 1 and s != t for s, t in zip(shape[::-1], full[::-1])):
+            raise ValueError(
+                f"attn_mask {shape} does not broadcast to (B, heads, N, N) = {full} of this input (N counts its "
+                f"{self.num_prefix_tokens} prefix tokens); give (B, 1, 1, N) key padding or (B, 1, N, N), True = attend"
+            )
 
     @property
     def dropout_p(self) -> float:
@@ -302,12 +312,11 @@ def attend(
 ) -> torch.Tensor:
     """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any; q and k
     turned by the layer's RoPE first where it takes the ``rotate`` form."""
-    layer.check_mask(attn_mask, is_causal)
+    layer.check_mask(attn_mask, is_causal, x)
     if layer.rope is not None and layer.rope_form != "decoupled":  # decoupled: mix turns its features itself
         if layer.rope_form != "rotate" or q is None or k is None:
             raise TypeError(f"{type(layer).__name__} has a rope but no rope_form among {ROPE_FORMS} (or no_rope)")
-        angles = layer.rope_angles(q.shape[-2], q)
-        q, k = rotate(q, angles), rotate(k, angles)
+        q, k = rotate_both(q, k, layer.rope_angles(q.shape[-2], q))
     out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
     if layer.attention_probe is not None:
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])

@@ -18,7 +18,8 @@ an own grid per image stacks ``positions(grid_b, like)`` padded to a common leng
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+import numbers
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from ..options import reject_unknown
 
-__all__ = ["ROPE_NAMES", "ROPE_OPTIONS", "RopeSpec", "Rope", "build_rope", "rotate", "with_prefix"]
+__all__ = ["ROPE_NAMES", "ROPE_OPTIONS", "RopeSpec", "Rope", "build_rope", "rotate", "rotate_both", "with_prefix"]
 
 ROPE_NAMES = ("axial", "mixed", "dinov3")
 # each variant's options and their defaults (base: timm's default temperature of the variant)
@@ -44,9 +45,24 @@ Grid = Tuple[int, int]
 def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     """Turn each pair of channels (2m, 2m+1) of x (..., n, d) by ``angles`` (broadcastable to (..., n, d/2)):
     (x_2m cos - x_2m+1 sin, x_2m+1 cos + x_2m sin), computed in the wider of the two dtypes, returned in x's."""
+    return turn(x, angles.cos(), angles.sin())
+
+
+def rotate_both(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``rotate`` of q and of k by one table, its cos and sin taken once."""
     cos, sin = angles.cos(), angles.sin()
+    return turn(q, cos, sin), turn(k, cos, sin)
+
+
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotation of ``rotate`` by the cos and sin of its angles."""
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2).to(x.dtype)
+
+
+def real(value: Any) -> bool:
+    """Whether an option's value is a real number (an int or a float, not a bool or a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def with_prefix(angles: torch.Tensor, prefix: int) -> torch.Tensor:
@@ -88,10 +104,16 @@ class Rope(nn.Module):
             raise ValueError(f"rope indexing={indexing!r}; choose one of {list(INDEXINGS)}")
         if normalize not in NORMALIZES:
             raise ValueError(f"rope normalize={normalize!r}; choose one of {list(NORMALIZES)}")
-        if not base > 0:
-            raise ValueError(f"rope base must be > 0, got {base!r}")
-        if ref_grid is not None and (len(ref_grid) != 2 or min(ref_grid) < 1):
-            raise ValueError(f"rope ref_grid must be a grid (rows, cols) of positive sizes, got {ref_grid!r}")
+        if not real(base) or not base > 0:
+            raise ValueError(f"rope base must be a number > 0, got {base!r}")
+        if not real(offset) or not math.isfinite(offset):
+            raise ValueError(f"rope offset must be a finite number, got {offset!r}")
+        if ref_grid is not None and not (
+            isinstance(ref_grid, Sequence)
+            and len(ref_grid) == 2
+            and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in ref_grid)
+        ):
+            raise ValueError(f"rope ref_grid must be a grid [rows, cols] of positive integers, got {ref_grid!r}")
         self.name, self.dim, self.num_heads, self.base = name, dim, num_heads, float(base)
         self.indexing, self.offset, self.normalize = indexing, float(offset), normalize
         self.ref_grid = (int(ref_grid[0]), int(ref_grid[1])) if ref_grid is not None else None
@@ -164,7 +186,11 @@ def build_rope(spec: RopeSpec, dim: int, num_heads: int, device=None, dtype=None
         name, options = spec, {}
     elif isinstance(spec, Mapping):
         options = dict(spec)
-        name = options.pop("name", None)
+        if "name" not in options:
+            raise ValueError(
+                f"a rope mapping needs a 'name', one of {list(ROPE_NAMES)}, e.g. {{name: axial, base: 100}}"
+            )
+        name = options.pop("name")
     else:
         raise ValueError(f"rope must be null, a name or a mapping with a 'name', got {type(spec).__name__}")
     if name not in ROPE_NAMES:
