@@ -286,7 +286,7 @@ def test_every_mechanism_takes_rope_or_refuses_it_in_one_line():
         ({"name": "axial", "offset": "a"}, "offset must be a finite number"),
         ({"name": "axial", "ref_grid": 4}, "ref_grid must be a grid"),
         ({"name": "axial", "ref_grid": (4.5, 4)}, "positive integers"),
-        ({"base": 100}, "needs a 'name'"),
+        ({"base": 100}, "has no 'name'"),
     ],
 )
 def test_bad_rope_specs_are_one_line_errors(spec, fix):

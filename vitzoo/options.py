@@ -12,7 +12,7 @@ valid ones, never silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Collection, List, Optional, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "OptimOptions",
@@ -28,6 +28,7 @@ __all__ = [
     "SCHEMAS",
     "register_configs",
     "reject_unknown",
+    "split_spec",
 ]
 
 
@@ -36,6 +37,23 @@ def reject_unknown(owner: str, given: Collection[str], valid: Collection[str]) -
     unknown = sorted(set(given) - set(valid))
     if unknown:
         raise ValueError(f"{owner} has no option(s) {unknown}; valid options: {sorted(valid)}")
+
+
+def split_spec(kind: str, spec: Any, names: Sequence[str]) -> Tuple[str, Dict[str, Any]]:
+    """(name, options) of a spec, a name or a mapping with a ``name`` and options (a mechanism, a feature map, a
+    RoPE); a wrong type or a missing name or one outside ``names`` is a ``ValueError`` naming the valid ones."""
+    if isinstance(spec, str):
+        name, options = spec, {}
+    elif isinstance(spec, Mapping):
+        options = dict(spec)
+        name = options.pop("name", None)
+        if name is None:
+            raise ValueError(f"{kind} spec {dict(spec)} has no 'name'; add name: one of {list(names)}")
+    else:
+        raise ValueError(f"{kind} must be a name or a mapping with a 'name', got {type(spec).__name__}")
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {list(names)}")
+    return name, options
 
 
 @dataclass

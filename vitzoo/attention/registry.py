@@ -1,4 +1,4 @@
-"""Name registries for mechanisms and feature maps, and the one place a spec is parsed.
+"""Name registries for mechanisms and feature maps, built from specs (parsed by ``vitzoo.options.split_spec``).
 
 A spec is a name (``"linear"``) or a mapping with a ``name`` and options
 (``{"name": "linear", "feature_map": "relu", "logit_noise": 0.1}``,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Collection, Dict, Mapping, Tuple, Union
 
-from ..options import reject_unknown
+from ..options import reject_unknown, split_spec
 from .base import ZooAttention
 
 __all__ = [
@@ -72,17 +72,7 @@ class Registry:
     def resolve(self, spec: Spec) -> Tuple[type, Dict[str, Any]]:
         """(class, options) for a spec; a wrong type, a missing or unknown name and unknown options are a
         ValueError naming the valid ones."""
-        if isinstance(spec, str):
-            name, options = spec, {}
-        elif isinstance(spec, Mapping):
-            options = dict(spec)
-            name = options.pop("name", None)
-            if name is None:
-                raise ValueError(f"{self.kind} spec {dict(spec)} has no 'name'; add name: one of {self.names()}")
-        else:
-            raise ValueError(f"{self.kind} must be a name or a mapping with a 'name', got {type(spec).__name__}")
-        if not isinstance(name, str) or name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
+        name, options = split_spec(self.kind, spec, self.names())
         cls, preset = self._entries[name]
         reject_unknown(f"{self.kind} {name!r}", options, self.options(cls))
         return cls, {**preset, **options}

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..options import reject_unknown
+from ..options import reject_unknown, split_spec
 
 __all__ = ["ROPE_NAMES", "ROPE_OPTIONS", "RopeSpec", "Rope", "build_rope", "rotate", "rotate_both", "with_prefix"]
 
@@ -182,18 +182,6 @@ def build_rope(spec: RopeSpec, dim: int, num_heads: int, device=None, dtype=None
     """The ``Rope`` for a spec (None, a name, or ``{name: ..., options}``); a bad spec is one ValueError."""
     if spec is None:
         return None
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif isinstance(spec, Mapping):
-        options = dict(spec)
-        if "name" not in options:
-            raise ValueError(
-                f"a rope mapping needs a 'name', one of {list(ROPE_NAMES)}, e.g. {{name: axial, base: 100}}"
-            )
-        name = options.pop("name")
-    else:
-        raise ValueError(f"rope must be null, a name or a mapping with a 'name', got {type(spec).__name__}")
-    if name not in ROPE_NAMES:
-        raise ValueError(f"unknown rope {name!r}; choose one of {list(ROPE_NAMES)} (or null for none)")
+    name, options = split_spec("rope", spec, ROPE_NAMES)
     reject_unknown(f"rope {name!r}", options, sorted(ROPE_OPTIONS[name]))
     return Rope(name, dim, num_heads, **{**ROPE_OPTIONS[name], **options}, device=device, dtype=dtype)
