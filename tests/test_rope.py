@@ -14,7 +14,7 @@ from vitzoo.attention import SoftmaxAttention, list_attentions
 from vitzoo.attention import lion
 from vitzoo.attention.base import ROPE_FORMS
 from vitzoo.attention.decoupled import decoupled_attention, decoupled_attention_eager
-from vitzoo.attention.rope import build_rope, rotate, rotate_both
+from vitzoo.attention.rope import build_rope, rotate_all
 
 from attention_reference import module_out, module_qkv, phi, softmax_ref
 from mech_checks import build
@@ -115,10 +115,10 @@ def test_per_image_positions_give_each_images_table():
 
 def test_rotate_is_the_complex_rotation_and_keeps_dtype():
     x, angles = torch.randn(2, H, 5, D, dtype=torch.float64), torch.randn(H, 5, D // 2, dtype=torch.float64)
-    assert torch.allclose(rotate(x, angles), rotate_complex(x, angles), atol=1e-12)
-    assert rotate(x.half(), angles.float()).dtype == torch.half
     k = torch.randn_like(x)
-    assert all(torch.equal(a, b) for a, b in zip(rotate_both(x, k, angles), (rotate(x, angles), rotate(k, angles))))
+    turned = rotate_all(angles, x, k)
+    assert all(torch.allclose(t, rotate_complex(y, angles), atol=1e-12) for t, y in zip(turned, (x, k)))
+    assert rotate_all(angles.float(), x.half())[0].dtype == torch.half
 
 
 @pytest.mark.parametrize("spec", ["axial", "mixed", "dinov3"])
@@ -129,7 +129,8 @@ def test_rotated_scores_depend_only_on_the_offset(spec):
     angles = rope.angles(grid, 0, torch.zeros((), dtype=torch.float64))
     q, k = torch.randn(1, H, 1, D, dtype=torch.float64), torch.randn(1, H, 1, D, dtype=torch.float64)
     n = grid[0] * grid[1]
-    scores = rotate(q.expand(1, H, n, D), angles) @ rotate(k.expand(1, H, n, D), angles).transpose(-2, -1)
+    rq, rk = rotate_all(angles, q.expand(1, H, n, D), k.expand(1, H, n, D))
+    scores = rq @ rk.transpose(-2, -1)
     seen = {}
     for i in range(n):
         for j in range(n):

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .canvas import canvas_rope
-from .rope import RopeSpec, build_rope, rotate_both
+from .rope import RopeSpec, build_rope, rotate_all
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 
@@ -316,7 +316,7 @@ def attend(
     if layer.rope is not None and layer.rope_form != "decoupled":  # decoupled: mix turns its features itself
         if layer.rope_form != "rotate" or q is None or k is None:
             raise TypeError(f"{type(layer).__name__} has a rope but no rope_form among {ROPE_FORMS} (or no_rope)")
-        q, k = rotate_both(q, k, layer.rope_angles(q.shape[-2], q))
+        q, k = rotate_all(layer.rope_angles(q.shape[-2], q), q, k)
     out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
     if layer.attention_probe is not None:
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])

@@ -3,7 +3,7 @@
     o_i = (R_i f(q_i))^T S_r / (f(q_i) . z + n eps),   S_r = sum_j (R_j f(k_j)) v_j^T,   z = sum_j f(k_j)
 
 (eps is relative to the mean of the keys, as in MLLA's and RALA's code). O(n d^2) per head; the eager twin forms
-the n x n weights. The rotations are 2-D RoPE of the patch grid in pairs of adjacent channels (``rope.rotate``);
+the n x n weights. The rotations are 2-D RoPE of the patch grid in pairs of adjacent channels (``rope.rotate_all``);
 prefix (class / register) tokens are not rotated. Any table of ``vitzoo.attention.rope`` works (the ``rope`` option
 of the kernel forms); MLLA and RALA also have their own: MLLA's (across all H*d channels before the head split, so
 each head turns along one axis) and RALA's (per head: half the pairs by row, half by column), with integer grid
@@ -19,7 +19,7 @@ import torch
 from . import functional as AF
 from .base import ZooAttention
 from .grid_conv import grid_conv
-from .rope import rotate
+from .rope import rotate_all
 
 __all__ = [
     "mlla_angles",
@@ -82,9 +82,9 @@ def decoupled_attention(
 ) -> torch.Tensor:
     """o_i = (R_i fq_i)^T sum_j (R_j fk_j) v_j^T / (fq_i . sum_j fk_j + n eps) for features fq, fk (B, H, n, d)
     in fp32 or wider (padded keys' features 0, ``num_keys`` their count); the output in v's dtype."""
-    wide = v.to(fq.dtype)
-    state = rotate(fk, angles).transpose(-2, -1) @ wide
-    return ((rotate(fq, angles) @ state) / _normaliser(fq, fk, eps, num_keys)).to(v.dtype)
+    rq, rk = rotate_all(angles, fq, fk)
+    state = rk.transpose(-2, -1) @ v.to(fq.dtype)
+    return ((rq @ state) / _normaliser(fq, fk, eps, num_keys)).to(v.dtype)
 
 
 def decoupled_attention_eager(
@@ -97,7 +97,8 @@ def decoupled_attention_eager(
 ) -> torch.Tensor:
     """``decoupled_attention``'s eager twin: the signed weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) as an
     n x n matrix, times v."""
-    num = rotate(fq, angles) @ rotate(fk, angles).transpose(-2, -1)
+    rq, rk = rotate_all(angles, fq, fk)
+    num = rq @ rk.transpose(-2, -1)
     return ((num / _normaliser(fq, fk, eps, num_keys)) @ v.to(fq.dtype)).to(v.dtype)
 
 
@@ -128,8 +129,8 @@ def decoupled_probs(
 ) -> torch.Tensor:
     """Each key's share of a query's mix, |(R_i fq_i).(R_j fk_j)| with rows normalised (B, H, Q, n): the implied
     weights (R_i fq_i).(R_j fk_j) / (fq_i . z + n eps) are signed and their rows need not sum to 1."""
-    rq = rotate(fq, angles)[:, :, query_index]
-    weight = (rq @ rotate(fk, angles).transpose(-2, -1)).abs()
+    rq, rk = rotate_all(angles, fq, fk)
+    weight = (rq[:, :, query_index] @ rk.transpose(-2, -1)).abs()
     return weight / weight.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weight.dtype).tiny)
 
 

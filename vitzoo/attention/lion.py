@@ -24,7 +24,7 @@ from . import functional as AF
 from .base import ZooAttention
 from .decoupled import decoupled_linear
 from .registry import register_attention
-from .rope import rotate
+from .rope import rotate_all
 
 __all__ = [
     "LionAttention",
@@ -78,7 +78,11 @@ def _quadratic(fq, fk, v, mask: torch.Tensor, eps: float, angles: Optional[torch
     """A = (fq fk^T) * M, o = A v / (A 1 + eps / tau); with ``angles`` (decoupled RoPE) the numerator's A has the
     turned features (R_i fq_i).(R_j fk_j), the normaliser the plain ones."""
     plain = (fq @ fk.transpose(-2, -1)) * mask
-    attn = plain if angles is None else (rotate(fq, angles) @ rotate(fk, angles).transpose(-2, -1)) * mask
+    if angles is None:
+        attn = plain
+    else:
+        rq, rk = rotate_all(angles, fq, fk)
+        attn = (rq @ rk.transpose(-2, -1)) * mask
     return _divided(attn @ v.to(attn.dtype), plain.sum(-1, keepdim=True), eps, fq, v)
 
 
@@ -144,7 +148,7 @@ def _scanned(fq, fk, v, angles: Optional[torch.Tensor], sums: Callable) -> Tuple
     if angles is None:
         both = sums(fq, fk, _widened(fq, v))
         return both[..., :-1], both[..., -1:]
-    turned = sums(rotate(fq, angles), rotate(fk, angles), v.to(fq.dtype))
+    turned = sums(*rotate_all(angles, fq, fk), v.to(fq.dtype))
     return turned, sums(fq, fk, torch.ones_like(fq[..., :1]))
 
 
@@ -344,8 +348,8 @@ class LionAttention(ZooAttention):
         if self.rope is None:
             attn = fq[:, :, query_index] @ fk.transpose(-2, -1)
         else:
-            angles = self.rope_angles(fq.shape[-2], fq)
-            attn = (rotate(fq, angles)[:, :, query_index] @ rotate(fk, angles).transpose(-2, -1)).abs()
+            rq, rk = rotate_all(self.rope_angles(fq.shape[-2], fq), fq, fk)
+            attn = (rq[:, :, query_index] @ rk.transpose(-2, -1)).abs()
         if self.order == "snake":
             attn = attn * snake_mask(self._snake_gates(x, fq), self._orders(x), query_index)
         elif self.decay != "none":

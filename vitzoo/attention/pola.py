@@ -17,7 +17,7 @@ from .gated import LinearGatedAttention
 from .grid import GridBoundAttention, GridModule, Layout, resample_tokens
 from .grid_conv import grid_conv
 from .registry import register_attention
-from .rope import rotate
+from .rope import rotate_all
 
 __all__ = ["KeyPositions", "PolaAttention", "polarity_features", "pola_attention", "pola_probs", "both_halves"]
 
@@ -163,8 +163,7 @@ class PolaAttention(LinearGatedAttention, GridBoundAttention):
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         fs, fo, fk = self.features(q, k)
         if self.rope is not None:
-            table = both_halves(self.rope_angles(k.shape[-2], fs))
-            fs, fo, fk = rotate(fs, table), rotate(fo, table), rotate(fk, table)
+            fs, fo, fk = rotate_all(both_halves(self.rope_angles(k.shape[-2], fs)), fs, fo, fk)
         return pola_probs(fs[:, :, query_index], fo[:, :, query_index], fk, AF.key_padding(attn_mask))
 
     def extra_repr(self) -> str:

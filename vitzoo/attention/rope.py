@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..options import reject_unknown, split_spec
 
-__all__ = ["ROPE_NAMES", "ROPE_OPTIONS", "RopeSpec", "Rope", "build_rope", "rotate", "rotate_both", "with_prefix"]
+__all__ = ["ROPE_NAMES", "ROPE_OPTIONS", "RopeSpec", "Rope", "build_rope", "rotate_all", "with_prefix"]
 
 ROPE_NAMES = ("axial", "mixed", "dinov3")
 # each variant's options and their defaults (base: timm's default temperature of the variant)
@@ -42,22 +42,17 @@ RopeSpec = Union[None, str, Mapping[str, Any]]
 Grid = Tuple[int, int]
 
 
-def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Turn each pair of channels (2m, 2m+1) of x (..., n, d) by ``angles`` (broadcastable to (..., n, d/2)):
-    (x_2m cos - x_2m+1 sin, x_2m+1 cos + x_2m sin), computed in the wider of the two dtypes, returned in x's."""
-    return turn(x, angles.cos(), angles.sin())
-
-
-def rotate_both(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``rotate`` of q and of k by one table, its cos and sin taken once."""
+def rotate_all(angles: torch.Tensor, *xs: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """Turn each pair of channels (2m, 2m+1) of every x (..., n, d) in ``xs`` (q and k, or a form's features) by
+    ``angles`` (broadcastable to (..., n, d/2)): (x_2m cos - x_2m+1 sin, x_2m+1 cos + x_2m sin), computed in the wider
+    of the two dtypes, returned in x's; cos and sin are taken once for all of ``xs``."""
     cos, sin = angles.cos(), angles.sin()
-    return turn(q, cos, sin), turn(k, cos, sin)
 
+    def turn(x: torch.Tensor) -> torch.Tensor:
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2).to(x.dtype)
 
-def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotation of ``rotate`` by the cos and sin of its angles."""
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2).to(x.dtype)
+    return tuple(turn(x) for x in xs)
 
 
 def real(value: Any) -> bool:
