@@ -39,12 +39,17 @@ def gradcheck_module(m, x, fast_mode: bool = False) -> bool:
     )
 
 
-def backbones(spec):
-    """The ViT (32 px, patch 8: a 4x4 grid + class token) and the CIFAR non-local ResNet, built with ``spec``."""
+def tiny_vit(spec, **kwargs):
+    """A ViT of ``spec`` at 32 px, patch 8 (a 4x4 grid + class token), 32 wide, one block, two heads, three classes;
+    ``kwargs`` override those or pass on to ``vitzoo.create_model``."""
+    options = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    return vitzoo.create_model("vit_tiny", attention=spec, **{**options, **kwargs})
+
+
+def backbones(spec, **vit_kwargs):
+    """The ViT (``tiny_vit``, with ``vit_kwargs``) and the CIFAR non-local ResNet, built with ``spec``."""
     torch.manual_seed(0)
-    vit = vitzoo.create_model(
-        "vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
-    )
+    vit = tiny_vit(spec, **vit_kwargs)
     resnet = vitzoo.create_model(
         "nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16), stem_width=8, num_classes=3
     )

@@ -4,9 +4,9 @@ resolution in both backbones against its float64 reference; fused paths against 
 
 import torch
 
-import vitzoo
 
 from mech_checks import attention_io, attention_layers
+from mech_checks import backbones as mech_backbones
 
 
 def merged(t):
@@ -43,23 +43,8 @@ def row_shares(w):
 
 
 def backbones(spec):
-    """The ViT (32 px, patch 8: 4x4 grid + class token) and the CIFAR non-local ResNet, built with ``spec``."""
-    torch.manual_seed(0)
-    vit = vitzoo.create_model(
-        "vit_tiny",
-        attention=spec,
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        num_classes=3,
-        qkv_bias=True,
-    )
-    resnet = vitzoo.create_model(
-        "nonlocal_resnet18_cifar", attention=spec, channels=(8, 16, 16, 16), stem_width=8, num_classes=3
-    )
-    return {"vit": vit, "resnet": resnet}
+    """``mech_checks.backbones`` with biases on q, k and v."""
+    return mech_backbones(spec, qkv_bias=True)
 
 
 def check_resolutions(spec, reference, randomise=lambda layer: None, sizes=(32, 48, 64)):

@@ -9,7 +9,6 @@ import pytest
 import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
 
-import vitzoo
 from vitzoo.attention import SoftmaxAttention, list_attentions
 from vitzoo.attention import lion
 from vitzoo.attention.base import ROPE_FORMS
@@ -17,7 +16,7 @@ from vitzoo.attention.decoupled import decoupled_attention, decoupled_attention_
 from vitzoo.attention.rope import build_rope, rotate_all
 
 from attention_reference import module_out, module_qkv, phi, softmax_ref
-from mech_checks import build
+from mech_checks import build, tiny_vit
 from recent_checks import gated_out, rotate_complex
 
 D, H = 8, 2  # head_dim, heads
@@ -306,16 +305,7 @@ def test_rope_needs_a_head_dim_divisible_by_4_and_head_wide_features():
 
 
 def test_rope_mixed_frequencies_are_one_parameter_per_block_and_head():
-    model = vitzoo.create_model(
-        "vit_tiny",
-        attention={"name": "softmax", "rope": "mixed"},
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-        num_classes=3,
-    )
+    model = tiny_vit({"name": "softmax", "rope": "mixed"}, depth=2)
     freqs = [block.attn.rope.freqs for block in model.blocks]
     assert all(isinstance(f, torch.nn.Parameter) and f.shape == (2, 2, 8) for f in freqs)
     assert not torch.equal(freqs[0], freqs[1])  # each block draws its own directions
@@ -325,17 +315,7 @@ def test_rope_mixed_frequencies_are_one_parameter_per_block_and_head():
 def test_larger_inputs_run_without_resampling(spec):
     """1.5x and 2x the build resolution: the tables follow the input's grid; nothing is resampled."""
     torch.manual_seed(0)
-    model = vitzoo.create_model(
-        "vit_tiny",
-        attention=spec,
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        num_classes=3,
-        pos_embed="none",
-    ).eval()
+    model = tiny_vit(spec, pos_embed="none").eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for size in (48, 64):
         assert torch.isfinite(model(torch.randn(2, 3, size, size))).all()
@@ -367,15 +347,7 @@ def test_decoupled_under_key_padding_gives_each_image_what_it_gives_alone():
 def test_mixed_frequencies_get_no_weight_decay(layer_decay):
     from vitzoo.training.optim import build_optimizer
 
-    model = vitzoo.create_model(
-        "vit_tiny",
-        attention={"name": "softmax", "rope": "mixed"},
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-    )
+    model = tiny_vit({"name": "softmax", "rope": "mixed"}, depth=2)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = build_optimizer(model, 1e-3, 0.05, layer_decay=layer_decay).param_groups
     decay = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
@@ -431,10 +403,7 @@ def test_lion_scans_with_rope_equal_the_quadratic_form_with_gradients():
 def test_a_variable_size_batch_with_rope_gives_each_image_its_own_output(spec):
     """Each image's own table on the padded canvas (per-head tables for mixed): every image as it is alone."""
     torch.manual_seed(0)
-    model = vitzoo.create_model(
-        "vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3
-    )
-    model = model.double().eval()
+    model = tiny_vit(spec, depth=2).double().eval()
     images = [torch.randn(3, 32, 32, dtype=torch.float64), torch.randn(3, 24, 40, dtype=torch.float64)]
     with torch.no_grad():
         alone = torch.cat([model(image[None]) for image in images])
