@@ -271,6 +271,8 @@ def test_every_mechanism_takes_rope_or_refuses_it_in_one_line():
             continue
         assert layer.no_rope is None and layer.rope_form in ROPE_FORMS, name
         assert layer(torch.randn(1, 17, 16)).shape == (1, 17, 16)
+    with pytest.raises(ValueError, match="softmax part only"):  # its softmax part has q and k: the reason is another
+        build({"name": "synth_mix", "parts": ["random", "softmax"], "rope": "axial"}, dim=16, num_heads=H, tokens=16)
 
 
 @pytest.mark.parametrize(

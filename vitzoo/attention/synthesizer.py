@@ -318,6 +318,11 @@ class SynthMixAttention(SynthesizerAttention):
     only when it is a part. The other options go to the parts that use them.
     """
 
+    no_rope = (
+        "a rotation would reach its softmax part only (the synthesised parts' weights are learned per position); use "
+        "attention='softmax' with rope"
+    )
+
     def __init__(
         self,
         dim: int,
