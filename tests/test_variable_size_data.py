@@ -34,6 +34,17 @@ def test_fit_to_multiple_scales_down_and_cuts_sides_to_multiples(h, w):
         assert all(-1 < s - o < 4 + 1 for s, o in zip(scaled, out.shape[:2]))
 
 
+def native_batch(dm, size, multiple, max_side):
+    """The first training batch of a native-resolution data module: a list of ``size`` images of more than one
+    shape, each side a multiple of ``multiple`` and at most ``max_side``."""
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert isinstance(images, list) and len(images) == len(labels) == size
+    assert len({tuple(img.shape) for img in images}) > 1
+    assert all(s % multiple == 0 and s <= max_side for img in images for s in img.shape[1:])
+    return images
+
+
 def test_native_batches_are_lists_of_own_sizes_the_vit_runs(tmp_path):
     dm = ImageFolderDataModule(
         mixed_folder(tmp_path),
@@ -44,11 +55,7 @@ def test_native_batches_are_lists_of_own_sizes_the_vit_runs(tmp_path):
         native_resolution=True,
         native_multiple=4,
     )
-    dm.setup("fit")
-    images, labels = next(iter(dm.train_dataloader()))
-    assert isinstance(images, list) and len(images) == len(labels) == 6
-    assert len({tuple(img.shape) for img in images}) > 1
-    assert all(img.shape[1] % 4 == 0 and img.shape[2] % 4 == 0 for img in images)
+    images = native_batch(dm, size=6, multiple=4, max_side=32)
     model = vitzoo.create_model(
         "vit_cifar", attention="linear", img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=2
     )
@@ -102,8 +109,4 @@ def test_shards_serve_native_batches_too(tmp_path):
         native_resolution=True,
         native_multiple=4,
     )
-    dm.setup("fit")
-    images, labels = next(iter(dm.train_dataloader()))
-    assert isinstance(images, list) and len(images) == len(labels) == 6
-    assert len({tuple(img.shape) for img in images}) > 1
-    assert all(img.shape[1] % 4 == 0 and img.shape[2] % 4 == 0 and max(img.shape[1:]) <= 32 for img in images)
+    native_batch(dm, size=6, multiple=4, max_side=32)
