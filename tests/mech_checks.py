@@ -110,9 +110,7 @@ def check_onnx_at_another_size(spec, prepare):
     eager logits."""
     ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras")
     torch.manual_seed(0)
-    model = vitzoo.create_model(
-        "vit_tiny", attention=spec, img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5
-    ).eval()
+    model = tiny_vit(spec, num_classes=5).eval()
     for layer in model.modules():
         if isinstance(layer, ZooAttention):
             prepare(layer)
@@ -122,3 +120,18 @@ def check_onnx_at_another_size(spec, prepare):
     got = ort.InferenceSession(buf.getvalue()).run(None, {"x": x.numpy()})[0]
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got), model(x), rtol=1e-4, atol=1e-4)
+
+
+def check_exporters(spec):
+    """A ``tiny_vit`` of ``spec`` through torch.export and the legacy ONNX exporter (onnxruntime, another batch
+    size): both give its eager logits."""
+    ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras")
+    torch.manual_seed(0)
+    model = tiny_vit(spec).eval()
+    x, other = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x), rtol=1e-4, atol=1e-5)
+        buf = io.BytesIO()
+        torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+        got = ort.InferenceSession(buf.getvalue()).run(None, {"x": other.numpy()})[0]
+        torch.testing.assert_close(torch.from_numpy(got), model(other), rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_reference import module_out, module_qkv
-from mech_checks import assert_one_line_error, build, gradcheck_module
+from mech_checks import assert_one_line_error, build, check_exporters, gradcheck_module
 from recent_checks import check_resolutions
 from vitzoo.attention.lion import lion_snake, lion_snake_masked, snake_orders
 
@@ -182,26 +182,4 @@ def test_at_one_and_a_half_and_twice_the_resolution_in_both_backbones(decay, siz
 def test_exporters_carry_the_snake_orders(decay):
     """The ViT's 4 x 4 grid + class token in chunks of 4 through torch.export and the legacy ONNX exporter
     (onnxruntime, another batch size): the orders are constants of the traced grid."""
-    ort = pytest.importorskip("onnxruntime")
-    import io
-
-    import vitzoo
-
-    torch.manual_seed(0)
-    model = vitzoo.create_model(
-        "vit_tiny",
-        attention={"name": "lion", "decay": decay, "order": "snake", "chunk": 4},
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        num_classes=3,
-    ).eval()
-    x, other = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x), rtol=1e-4, atol=1e-5)
-        buf = io.BytesIO()
-        torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
-        got = ort.InferenceSession(buf.getvalue()).run(None, {"x": other.numpy()})[0]
-        torch.testing.assert_close(torch.from_numpy(got), model(other), rtol=1e-4, atol=1e-5)
+    check_exporters({"name": "lion", "decay": decay, "order": "snake", "chunk": 4})

@@ -1,14 +1,12 @@
 """lion (LION-Lit, -D, -S): the decay masks written as products of gates, the quadratic masked form, and the chunked
 scans against it (values and gradients); exporters carry the multi-chunk scan."""
 
-import io
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attention_reference import module_out, module_qkv, phi, single_thread  # noqa: F401
-from mech_checks import assert_one_line_error, build, gradcheck_module
+from mech_checks import assert_one_line_error, build, check_exporters, gradcheck_module
 from recent_checks import check_fused_equals_eager, check_resolutions
 from vitzoo.attention.lion import lion_chunked, lion_masked
 
@@ -127,27 +125,7 @@ def test_gradcheck(decay):
 def test_exporters_carry_the_multi_chunk_scan(decay):
     """The ViT's 17 tokens in chunks of 4 (5 chunks, the last ragged) through torch.export and the legacy ONNX
     exporter (onnxruntime, another batch size); the registered-mechanism matrix runs one chunk."""
-    ort = pytest.importorskip("onnxruntime")
-    import vitzoo
-
-    torch.manual_seed(0)
-    model = vitzoo.create_model(
-        "vit_tiny",
-        attention={"name": "lion", "decay": decay, "chunk": 4},
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        num_classes=3,
-    ).eval()
-    x, other = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x), rtol=1e-4, atol=1e-5)
-        buf = io.BytesIO()
-        torch.onnx.export(model, (x,), buf, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
-        got = ort.InferenceSession(buf.getvalue()).run(None, {"x": other.numpy()})[0]
-        torch.testing.assert_close(torch.from_numpy(got), model(other), rtol=1e-4, atol=1e-5)
+    check_exporters({"name": "lion", "decay": decay, "chunk": 4})
 
 
 @pytest.mark.parametrize(
