@@ -72,22 +72,8 @@ def test_train_throughput_feeds_the_model_from_both_data_paths(tmp_path):
 
 
 def test_inference_throughput_compares_the_zoo_vit_with_timm():
-    out = _run(
-        "benchmarks/train_throughput.py",
-        "--inference",
-        "--img-size",
-        16,
-        "--batch-size",
-        2,
-        "--steps",
-        1,
-        "--rounds",
-        2,
-        "--warmup",
-        1,
-        "--device",
-        "cpu",
-    )
+    options = "--inference --img-size 16 --batch-size 2 --steps 1 --rounds 2 --warmup 1 --device cpu"
+    out = _run("benchmarks/train_throughput.py", *options.split())
     assert "inference, 2 rounds" in out, out
     timm_row = next(line for line in out.splitlines() if line.startswith("timm VisionTransformer"))
     assert timm_row.split()[-3:] == ["1.000", "1.000", "1.000"], out  # the baseline's own ratios
