@@ -11,7 +11,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from conftest import CONFIGS, compose_config, run_python
-from vitzoo.options import SCHEMAS, MixupOptions, OptimOptions, PredictOptions, RobustnessOptions
+from vitzoo.options import (
+    SCHEMAS,
+    DigitsDataOptions,
+    MixupOptions,
+    OptimOptions,
+    PredictOptions,
+    RobustnessOptions,
+)
 from vitzoo.training import ImageClassifier
 from vitzoo.training.options import options_from
 
@@ -25,28 +32,36 @@ def _leaves(node, prefix=""):
 
 
 def _schema_files():
-    """(yaml path, schema name, the node it fills) for every config that names a schema in its defaults list."""
+    """(yaml path, schema name, the node it fills, whether the schema follows _self_) for every config that names a
+    schema in its defaults list."""
     for path in sorted(CONFIGS.rglob("*.yaml")):
-        for entry in OmegaConf.to_container(OmegaConf.load(path)).get("defaults", []):
+        defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults", [])
+        for entry in defaults:
             if isinstance(entry, str) and entry.startswith("/schema/"):
                 name, _, package = entry.removeprefix("/schema/").partition("@")
-                yield path, name, None if package == "_here_" else package
+                after_self = "_self_" in defaults and defaults.index("_self_") < defaults.index(entry)
+                yield path, name, None if package == "_here_" else package, after_self
 
 
 def test_the_yaml_sets_only_what_differs_from_its_schema():
     files = list(_schema_files())
-    assert {name for _, name, _ in files} == set(SCHEMAS)
-    for path, name, package in files:
+    assert {name for _, name, _, _ in files} == set(SCHEMAS)
+    for path, name, package, after_self in files:
         own = OmegaConf.to_container(OmegaConf.load(path))
         own = own.get(package, {}) if package else {k: v for k, v in own.items() if k != "defaults"}
         default = OmegaConf.to_container(OmegaConf.structured(SCHEMAS[name]))
         repeated = [key for key, value in _leaves(own) if OmegaConf.select(OmegaConf.create(default), key) == value]
         assert not repeated, f"{path.relative_to(CONFIGS)} repeats the schema's defaults of {repeated}"
+        # a schema merged after _self_ overwrites the file's own values of its keys
+        overwritten = sorted(set(own) & set(default)) if after_self else []
+        assert not overwritten, f"{path.relative_to(CONFIGS)} sets {overwritten}, which its schema overwrites"
 
 
 def test_the_composed_configs_hold_the_dataclass_defaults(tmp_path):
     cfg = compose_config(tmp_path)
     assert OmegaConf.to_container(cfg.module.optim) == dataclasses.asdict(OptimOptions())
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if k != "_target_"}
+    assert data == dataclasses.asdict(DigitsDataOptions())
     assert OmegaConf.to_container(cfg.module.mixup) == dataclasses.asdict(MixupOptions())
     transfer = compose_config(tmp_path, ["experiment=transfer", "transfer.stage=2"]).transfer
     assert transfer.stage == 2 and transfer.temperature == 1.0

@@ -11,13 +11,22 @@ valid ones, never silently dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = [
     "OptimOptions",
     "MixupOptions",
     "ClassifierOptions",
+    "CifarAugOptions",
+    "ImageDataOptions",
+    "DigitsDataOptions",
+    "SyntheticDataOptions",
+    "StoredDataOptions",
+    "CIFARDataOptions",
+    "FolderDataOptions",
+    "ImageFolderDataOptions",
+    "ShardsDataOptions",
     "TransferOptions",
     "SweepOptions",
     "RobustnessOptions",
@@ -95,6 +104,112 @@ class ClassifierOptions:
     mixup: MixupOptions = field(default_factory=MixupOptions)
     compile: bool = False  # torch.compile the network
     channels_last: bool = False  # NHWC weights and batches (convolutions on tensor-core GPUs); the same numbers
+
+
+@dataclass
+class CifarAugOptions:
+    """The cifar recipe's training augmentation (:func:`~vitzoo.data.transforms.build_train_transform`), ``data.aug``
+    of the data configs that use it (``data.aug`` is a mapping: the deit recipe takes timm's keys there)."""
+
+    policy: str = "basic"  # none | basic (pad-crop, flip) | strong (basic + affine, colour jitter, one cut-out)
+    crop_padding: int = 4
+    hflip: bool = True
+    gauss_noise: float = 0.0  # max std of Gaussian-noise augmentation ([0, 1] pixel units), 0 = off
+    gauss_noise_p: float = 0.5
+
+
+def _basic_aug() -> Dict[str, Any]:
+    return asdict(CifarAugOptions())
+
+
+@dataclass
+class ImageDataOptions:
+    """The options every image data config sets (``data`` of train.py, configs/data/), read by
+    :class:`~vitzoo.data.ImageDataModule`; a data set's dataclass below adds its own and the values it runs with."""
+
+    img_size: Optional[int] = 32  # eval.py: None = each checkpoint's own
+    batch_size: int = 128  # per device (per process under DDP)
+    eval_batch_size: Optional[int] = None  # None = batch_size
+    num_workers: Any = "auto"  # auto = one per usable CPU beyond the main process (0 on one CPU), at most 8
+    device_cache: Optional[bool] = None  # decode once, augment batches on the device; None = on for CUDA <= 64 px
+    aug: Any = None  # the recipe's training options over its defaults (cifar: CifarAugOptions; deit: DEIT_AUG's)
+
+
+@dataclass
+class DigitsDataOptions(ImageDataOptions):
+    """``data=digits``, the embedded default (:class:`~vitzoo.data.DigitsDataModule`)."""
+
+    img_size: Optional[int] = 16
+    val_fraction: float = 0.2  # held out, stratified
+    split_seed: int = 0
+    batch_size: int = 32
+    eval_batch_size: Optional[int] = 256
+    num_workers: Any = 0  # the whole set is in memory; workers only add start-up time
+    aug: Any = field(default_factory=lambda: {**_basic_aug(), "crop_padding": 2, "hflip": False})  # not mirrored
+
+
+@dataclass
+class SyntheticDataOptions(ImageDataOptions):
+    """``data=synthetic``: noise images with random labels (:class:`~vitzoo.data.SyntheticDataModule`)."""
+
+    num_classes: int = 10
+    num_train: int = 1024
+    num_val: int = 256
+    seed: int = 0
+    num_workers: Any = 0
+    aug: Any = field(default_factory=lambda: {"policy": "none"})
+
+
+@dataclass
+class StoredDataOptions(ImageDataOptions):
+    """Data sets read from disk: pinned host memory, larger evaluation batches, the cifar recipe's basic policy."""
+
+    eval_batch_size: Optional[int] = 512
+    pin_memory: bool = True
+    aug: Any = field(default_factory=_basic_aug)
+
+
+@dataclass
+class CIFARDataOptions(StoredDataOptions):
+    """``data=cifar10`` and ``data=cifar100`` (:class:`~vitzoo.data.CIFAR10DataModule`; val = the test set)."""
+
+    download: bool = True
+
+
+@dataclass
+class FolderDataOptions(StoredDataOptions):
+    """Image files of any size: ImageNet statistics, a transform recipe (deit: timm's, with its evaluation crop),
+    optionally each image at its own size."""
+
+    mean: Tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: Tuple[float, float, float] = (0.229, 0.224, 0.225)
+    recipe: str = "cifar"  # cifar (albumentations, data.aug) | deit (timm's ImageNet transforms, docs/imagenet.md)
+    native_resolution: bool = False  # each image keeps its size and aspect (longer side <= img_size), a batch is a list
+    native_multiple: int = 16  # native_resolution: sides cut to multiples of this (the model's patch size)
+    crop_pct: Optional[float] = None  # deit eval: resize to img_size / crop_pct, center crop; None = pretrained_cfg
+    interpolation: Optional[str] = None  # deit: None = the model's pretrained_cfg
+    repeated_aug: int = 1  # each training image this many times per epoch, over the DDP ranks (DeiT: 3)
+
+
+@dataclass
+class ImageFolderDataOptions(FolderDataOptions):
+    """``data=imagefolder``: root/train/<class>/* (:class:`~vitzoo.data.ImageFolderDataModule`)."""
+
+    val_fraction: float = 0.1  # used only when root/val does not exist
+    split_seed: int = 0
+
+
+@dataclass
+class ShardsDataOptions(FolderDataOptions):
+    """``data=shards``: the litdata shards ``python -m vitzoo.data.pack`` writes
+    (:class:`~vitzoo.data.shards.ShardsDataModule`)."""
+
+    num_classes: Optional[int] = None  # None = from root/vitzoo.json (local roots); give it for a URL
+    cache_dir: Optional[str] = None  # where litdata keeps the chunks of a remote root (None = litdata's default)
+    img_size: Optional[int] = 224
+    recipe: str = "deit"
+    aug: Any = None  # deit: over vitzoo.data.recipes.DEIT_AUG
+    eval_batch_size: Optional[int] = 256
 
 
 @dataclass
@@ -205,6 +320,11 @@ class PredictOptions:
 
 SCHEMAS = {  # the schemas configs/ names (optim and mixup are inside module)
     "module": ClassifierOptions,
+    "digits_data": DigitsDataOptions,
+    "synthetic_data": SyntheticDataOptions,
+    "cifar_data": CIFARDataOptions,
+    "imagefolder_data": ImageFolderDataOptions,
+    "shards_data": ShardsDataOptions,
     "transfer": TransferOptions,
     "robustness": RobustnessOptions,
     "segmentation": SegmentationOptions,

@@ -9,6 +9,8 @@ import os
 
 from torchvision.datasets import CIFAR10, CIFAR100
 
+from vitzoo.options import CIFARDataOptions
+
 from .datamodule import ImageDataModule
 
 __all__ = ["CIFAR10DataModule", "CIFAR100DataModule"]
@@ -26,7 +28,15 @@ class CIFAR10DataModule(ImageDataModule):
     archive = "cifar-10-python.tar.gz"
     statistics = (CIFAR10_MEAN, CIFAR10_STD)  # the training split's channel mean and std, the default mean/std
 
-    def __init__(self, root: str = "data", download: bool = True, img_size: int = 32, mean=None, std=None, **kwargs):
+    def __init__(
+        self,
+        root: str = "data",
+        download: bool = CIFARDataOptions.download,
+        img_size: int = CIFARDataOptions.img_size,
+        mean=None,
+        std=None,
+        **kwargs,
+    ):
         super().__init__(
             img_size=img_size,
             mean=self.statistics[0] if mean is None else mean,

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from vitzoo.options import CifarAugOptions, FolderDataOptions, ImageDataOptions
+
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
 from .images import Images, read_rgb
 from .native import collate_native, native_transform
@@ -79,6 +81,9 @@ class ImageDataModule(L.LightningDataModule):
     its own size and aspect (longer side at most ``img_size``, sides cut to multiples of ``native_multiple``, the
     model's patch size; :mod:`~vitzoo.data.native`) and a batch is a list of images, which the ViT runs as one padded,
     masked batch; it replaces the recipe's transforms with a horizontal flip (cifar recipe, no device cache).
+    The options' defaults: :class:`~vitzoo.options.ImageDataOptions` and :class:`~vitzoo.options.FolderDataOptions`;
+    each data set's config runs with its own dataclass of :mod:`vitzoo.options` (e.g.
+    :class:`~vitzoo.options.DigitsDataOptions`).
     """
 
     num_classes: int
@@ -87,20 +92,20 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(
         self,
         img_size: int,
-        batch_size: int = 128,
-        num_workers: Union[int, str] = "auto",
+        batch_size: int = ImageDataOptions.batch_size,
+        num_workers: Union[int, str] = ImageDataOptions.num_workers,
         mean: Sequence[float] = (0.5, 0.5, 0.5),
         std: Sequence[float] = (0.5, 0.5, 0.5),
-        aug: Optional[Mapping[str, Any]] = None,
-        eval_batch_size: Optional[int] = None,
+        aug: Optional[Mapping[str, Any]] = ImageDataOptions.aug,
+        eval_batch_size: Optional[int] = ImageDataOptions.eval_batch_size,
         pin_memory: bool = False,
-        device_cache: Optional[bool] = None,
-        recipe: str = "cifar",
-        crop_pct: Optional[float] = None,
-        interpolation: Optional[str] = None,
-        repeated_aug: int = 1,
-        native_resolution: bool = False,
-        native_multiple: int = 16,
+        device_cache: Optional[bool] = ImageDataOptions.device_cache,
+        recipe: str = FolderDataOptions.recipe,
+        crop_pct: Optional[float] = FolderDataOptions.crop_pct,
+        interpolation: Optional[str] = FolderDataOptions.interpolation,
+        repeated_aug: int = FolderDataOptions.repeated_aug,
+        native_resolution: bool = FolderDataOptions.native_resolution,
+        native_multiple: int = FolderDataOptions.native_multiple,
     ):
         super().__init__()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
@@ -243,7 +248,7 @@ class ImageDataModule(L.LightningDataModule):
         images, labels = self.device_splits["train" if train else "val"]
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        augment = self.aug.get("policy", "basic") != "none"
+        augment = self.aug.get("policy", CifarAugOptions.policy) != "none"
         crop = self.aug.get("crop_padding", CROP_PADDING) if augment else 0
         hflip = self.aug.get("hflip", HFLIP) and augment
         return DeviceBatches(

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitzoo.options import CifarAugOptions
+
 from .images import Images, read_rgb
 
 __all__ = ["decode_split", "load_or_build_cache", "DeviceBatches", "check_device_aug"]
@@ -28,7 +30,7 @@ __all__ = ["decode_split", "load_or_build_cache", "DeviceBatches", "check_device
 
 def check_device_aug(aug: dict) -> None:
     """A clear error for augmentation options the device path does not implement."""
-    policy = aug.get("policy", "basic")
+    policy = aug.get("policy", CifarAugOptions.policy)
     if policy == "strong":
         raise ValueError(
             "data.aug.policy=strong (affine, colour jitter, cut-out) runs only in the albumentations "

@@ -13,6 +13,8 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from vitzoo.options import DigitsDataOptions
+
 from .datamodule import ImageDataModule
 
 __all__ = ["DigitsDataModule", "digits_arrays"]
@@ -35,9 +37,9 @@ class DigitsDataModule(ImageDataModule):
 
     def __init__(
         self,
-        img_size: int = 16,
-        val_fraction: float = 0.2,
-        split_seed: int = 0,
+        img_size: int = DigitsDataOptions.img_size,
+        val_fraction: float = DigitsDataOptions.val_fraction,
+        split_seed: int = DigitsDataOptions.split_seed,
         mean=DIGITS_MEAN,
         std=DIGITS_STD,
         **kwargs,

@@ -9,12 +9,14 @@ from typing import List, Tuple
 
 from sklearn.model_selection import train_test_split
 
+from vitzoo.options import ImageFolderDataOptions
+
 from .datamodule import ImageDataModule
 
 __all__ = ["ImageFolderDataModule", "IMAGE_EXTENSIONS"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMAGENET_MEAN, IMAGENET_STD = ImageFolderDataOptions.mean, ImageFolderDataOptions.std
 
 
 def _scan(folder: Path, classes: List[str]) -> Tuple[List[str], List[int]]:
@@ -37,9 +39,9 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(
         self,
         root: str,
-        img_size: int = 32,
-        val_fraction: float = 0.1,
-        split_seed: int = 0,
+        img_size: int = ImageFolderDataOptions.img_size,
+        val_fraction: float = ImageFolderDataOptions.val_fraction,
+        split_seed: int = ImageFolderDataOptions.split_seed,
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
         **kwargs,

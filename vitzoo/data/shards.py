@@ -19,6 +19,8 @@ from typing import Optional, Tuple
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
 
+from vitzoo.options import ShardsDataOptions
+
 from .datamodule import ImageDataModule
 from .imagefolder import IMAGENET_MEAN, IMAGENET_STD
 from .native import collate_native
@@ -65,12 +67,12 @@ class ShardsDataModule(ImageDataModule):
     def __init__(
         self,
         root: str,
-        img_size: int = 224,
-        num_classes: Optional[int] = None,
-        cache_dir: Optional[str] = None,
+        img_size: int = ShardsDataOptions.img_size,
+        num_classes: Optional[int] = ShardsDataOptions.num_classes,
+        cache_dir: Optional[str] = ShardsDataOptions.cache_dir,
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
-        recipe: str = "deit",
+        recipe: str = ShardsDataOptions.recipe,
         **kwargs,
     ):
         super().__init__(img_size=img_size, mean=mean, std=std, recipe=recipe, **kwargs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitzoo.options import SyntheticDataOptions
+
 from .datamodule import ImageDataModule
 
 __all__ = ["SyntheticDataModule"]
@@ -14,11 +16,11 @@ class SyntheticDataModule(ImageDataModule):
 
     def __init__(
         self,
-        img_size: int = 32,
-        num_classes: int = 10,
-        num_train: int = 1024,
-        num_val: int = 256,
-        seed: int = 0,
+        img_size: int = SyntheticDataOptions.img_size,
+        num_classes: int = SyntheticDataOptions.num_classes,
+        num_train: int = SyntheticDataOptions.num_train,
+        num_val: int = SyntheticDataOptions.num_val,
+        seed: int = SyntheticDataOptions.seed,
         **kwargs,
     ):
         super().__init__(img_size=img_size, **kwargs)

@@ -16,10 +16,12 @@ import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
 
+from vitzoo.options import CifarAugOptions
+
 __all__ = ["POLICIES", "build_train_transform", "build_eval_transform", "seed_worker"]
 
 POLICIES = ("none", "basic", "strong")
-CROP_PADDING, HFLIP = 4, True  # the basic policy's defaults (the device path reads them too)
+CROP_PADDING, HFLIP = CifarAugOptions.crop_padding, CifarAugOptions.hflip  # the device path reads them too
 
 
 def _finish(mean: Sequence[float], std: Sequence[float]) -> list:
@@ -36,11 +38,11 @@ def build_train_transform(
     mean: Sequence[float],
     std: Sequence[float],
     *,
-    policy: str = "basic",
+    policy: str = CifarAugOptions.policy,
     crop_padding: int = CROP_PADDING,
     hflip: bool = HFLIP,
-    gauss_noise: float = 0.0,
-    gauss_noise_p: float = 0.5,
+    gauss_noise: float = CifarAugOptions.gauss_noise,
+    gauss_noise_p: float = CifarAugOptions.gauss_noise_p,
     seed: Optional[int] = None,
 ) -> A.Compose:
     """Training pipeline.
