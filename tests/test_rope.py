@@ -410,3 +410,14 @@ def test_a_variable_size_batch_with_rope_gives_each_image_its_own_output(spec):
     with torch.no_grad():
         alone = torch.cat([model(image[None]) for image in images])
         assert torch.allclose(model(images), alone, atol=1e-10)
+
+
+@pytest.mark.parametrize("spec", [{"name": "softmax", "rope": "axial"}, {"name": "agent", "num_agents": 4}])
+def test_dropped_patches_are_one_line_never_a_guessed_grid(spec):
+    """timm's patch dropout keeps 4 of the 16 patches: a 2x2 grid guessed from the count would give them wrong
+    places; the layer refuses instead (in eval no patch is dropped)."""
+    model = tiny_vit(spec, patch_drop_rate=0.75)
+    with pytest.raises(ValueError, match="4 grid tokens where the 4x4 patch grid has 16.*patch_drop_rate=0") as err:
+        model.train()(torch.randn(2, 3, 32, 32))
+    assert "\n" not in str(err.value)
+    assert model.eval()(torch.randn(2, 3, 32, 32)).shape == (2, 3)

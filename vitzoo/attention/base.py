@@ -230,11 +230,19 @@ class ZooAttention(nn.Module):
         return self.logit_noise if self.training else self.eval_logit_noise
 
     def current_grid(self, num_tokens: int) -> Tuple[int, int]:
-        """The (h, w) patch grid of the current input: set by the backbone, else a square guess."""
+        """The (h, w) patch grid of the current input: set by the backbone (``token_grid``), else a square guess. A
+        token count other than the backbone's grid's is an error, never a guessed grid: tokens were dropped or
+        added between the patch embedding and the attention, and their grid places are lost."""
         n = num_tokens - self.num_prefix_tokens
         grid = self.token_grid
         if grid is not None and grid[0] * grid[1] == n:
             return grid
+        if grid is not None:
+            raise ValueError(
+                f"{type(self).__name__} needs each token's place on the patch grid, and its input has {n} grid tokens "
+                f"where the {grid[0]}x{grid[1]} patch grid has {grid[0] * grid[1]} (tokens were dropped, as timm's "
+                "patch_drop_rate > 0 does); set patch_drop_rate=0, or set token_grid to the input's grid"
+            )
         side = math.isqrt(max(n, 0))
         if side * side != n:
             raise ValueError(
