@@ -72,6 +72,7 @@ def test_a_tensor_batch_takes_timms_forward_unchanged():
     "call,fix",
     [
         (lambda m: m([torch.randn(3, 10, 8, dtype=torch.float64)]), "multiple of the patch size"),
+        (lambda m: m([torch.randn(3, 0, 8, dtype=torch.float64)]), "0x8, not a positive multiple"),
         (lambda m: m([torch.randn(3, 8, 8, dtype=torch.float64), torch.randn(1, 8, 8)]), "one channel count"),
         (lambda m: m([torch.randn(3, 8, 8, dtype=torch.float64)], attn_mask=torch.ones(1, 1, 1, 5)), "own padding"),
     ],

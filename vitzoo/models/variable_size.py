@@ -37,10 +37,10 @@ def pad_images(images: Sequence[torch.Tensor], patch_size: Sequence[int]) -> Tup
                 "(B, C, H, W) tensor for a batch of one size"
             )
         h, w = img.shape[-2:]
-        if h % patch_size[0] or w % patch_size[1]:
+        if h % patch_size[0] or w % patch_size[1] or not h or not w:
             raise ValueError(
-                f"image {i} is {h}x{w}, not a multiple of the patch size {tuple(patch_size)}; resize or crop it to a "
-                "multiple (a partial patch would mix the image with padding)"
+                f"image {i} is {h}x{w}, not a positive multiple of the patch size {tuple(patch_size)}; resize or crop "
+                "it to a multiple (a partial patch would mix the image with padding)"
             )
         grids.append((h // patch_size[0], w // patch_size[1]))
     height, width = max(img.shape[-2] for img in images), max(img.shape[-1] for img in images)
