@@ -239,9 +239,9 @@ class ZooAttention(nn.Module):
             return grid
         if grid is not None:
             raise ValueError(
-                f"{type(self).__name__} needs each token's place on the patch grid, and its input has {n} grid tokens"
-                f" where token_grid, the {grid[0]}x{grid[1]} grid of the backbone's last input, has {grid[0] * grid[1]}: "
-                "tokens were dropped on the way (timm's patch_drop_rate > 0; set it to 0), or the layer is called "
+                f"{type(self).__name__} needs each token's place on the patch grid, and its input has {n} grid tokens "
+                f"where token_grid, the {grid[0]}x{grid[1]} grid of the backbone's last input, has {grid[0] * grid[1]}"
+                ": tokens were dropped on the way (timm's patch_drop_rate > 0; set it to 0), or the layer is called "
                 "outside its backbone (set its token_grid to the input's grid)"
             )
         side = math.isqrt(max(n, 0))
