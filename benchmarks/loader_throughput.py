@@ -97,7 +97,7 @@ def main(argv=None) -> None:
         pack(work / "jpeg", shards, val_fraction=0.1)
     jpeg_mb, shard_mb = folder_bytes(work / "jpeg") / 2**20, folder_bytes(shards) / 2**20
 
-    common = dict(img_size=224, batch_size=args.batch_size, recipe="deit")
+    common = dict(img_size=224, batch_size=args.batch_size, recipe="deit", aug=None)  # aug=None: DEIT_AUG as it is
     paths = {
         "imagefolder": lambda w: ImageFolderDataModule(str(work / "jpeg"), val_fraction=0.1, num_workers=w, **common),
         "shards": lambda w: ShardsDataModule(str(shards), num_workers=w, **common),

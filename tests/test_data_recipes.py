@@ -104,7 +104,10 @@ def test_deit_eval_transform_is_timms_for_the_same_pretrained_cfg(tmp_path, crop
             (root / split / name).mkdir(parents=True)
             Image.fromarray(_photo(300, 260, seed=len(name))).save(root / split / name / "0.jpg", quality=90)
     cfg = get_pretrained_cfg("deit_tiny_patch16_224.fb_in1k").to_dict()
-    dm = ImageFolderDataModule(str(root), img_size=224, recipe="deit", crop_pct=crop_pct, num_workers=0, batch_size=1)
+    # aug=None: DEIT_AUG as it is (the folder options' aug is the cifar recipe's, as experiment=imagenet_deit sets)
+    dm = ImageFolderDataModule(
+        str(root), img_size=224, recipe="deit", aug=None, crop_pct=crop_pct, num_workers=0, batch_size=1
+    )
     dm.pretrained_cfg = cfg
     dm.setup("validate")
     args = {} if crop_pct is None else {"crop_pct": crop_pct}

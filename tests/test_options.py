@@ -5,12 +5,14 @@ naming the valid ones, from Python as from the command line."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from conftest import CONFIGS, compose_config, run_python
+from conftest import CONFIGS, compose_config, run_python, write_image_folder
 from vitzoo.options import (
     SCHEMAS,
     DigitsDataOptions,
@@ -69,6 +71,45 @@ def test_the_composed_configs_hold_the_dataclass_defaults(tmp_path):
     assert clean.corruptions == [] and clean.severities == RobustnessOptions().severities
     predict = compose_config(tmp_path, ["ckpt_path=a", "input=b", "output=c"], name="predict")
     assert {f.name: predict[f.name] for f in dataclasses.fields(PredictOptions)} == dataclasses.asdict(PredictOptions())
+
+
+def _data_root(tmp_path, name):
+    """A root the data module of configs/data/<name>.yaml accepts (a class tree, a packed folder's class list)."""
+    root = tmp_path / "root"
+    if name == "imagefolder":
+        write_image_folder(root, per_class=2, size=(4, 4))
+    root.mkdir(exist_ok=True)
+    (root / "vitzoo.json").write_text(json.dumps({"classes": ["a", "b", "c"]}))
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in (CONFIGS / "data").glob("*.yaml")))
+def test_a_data_module_built_in_python_equals_the_one_its_config_builds(tmp_path, name):
+    """The module's own options dataclass (its config's schema) gives the Python defaults: built from
+    configs/data/<name>.yaml or from its class with the same required arguments (a root) alone, every resolved
+    attribute is the same (batch sizes, workers, size, aug, statistics, split options...)."""
+    config = OmegaConf.load(CONFIGS / "data" / f"{name}.yaml")
+    required = {"root": str(_data_root(tmp_path, name))} if "root" in config.keys() else {}
+    cfg = compose_config(tmp_path, [f"data={name}", *(f"data.{k}={v}" for k, v in required.items())])
+    built, plain = instantiate(cfg.data), get_class(cfg.data._target_)(**required)
+    schema = next(e for e in config.defaults if str(e).startswith("/schema/")).removeprefix("/schema/").split("@")[0]
+    assert type(built) is type(plain) and type(plain).options is SCHEMAS[schema]
+    assert vars(plain) == vars(built)
+    options = type(plain).options()
+    assert (plain.batch_size, plain.img_size, plain.aug) == (options.batch_size, options.img_size, options.aug or {})
+    assert plain.eval_batch_size == (options.eval_batch_size or options.batch_size)
+
+
+def test_a_data_module_takes_the_arguments_given_and_fresh_defaults():
+    from vitzoo.data import DigitsDataModule, SyntheticDataModule
+
+    dm = DigitsDataModule(12, 0.5, batch_size=8, num_workers=1, aug={"policy": "none"})
+    assert (dm.img_size, dm.val_fraction, dm.batch_size, dm.num_workers, dm.aug) == (12, 0.5, 8, 1, {"policy": "none"})
+    assert (dm.eval_batch_size, dm.split_seed) == (DigitsDataOptions.eval_batch_size, DigitsDataOptions.split_seed)
+    first, second = DigitsDataModule(), DigitsDataModule()
+    first.aug["hflip"] = True  # each module's mapping is its own
+    assert second.aug["hflip"] is False and DigitsDataModule.defaults()["aug"]["hflip"] is False
+    assert SyntheticDataModule(num_classes=3).num_classes == 3 and SyntheticDataModule().num_classes == 10
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitzoo.options import CIFARDataOptions
 
-from .datamodule import ImageDataModule
+from .datamodule import DEFAULT, ImageDataModule
 
 __all__ = ["CIFAR10DataModule", "CIFAR100DataModule"]
 
@@ -27,12 +27,13 @@ class CIFAR10DataModule(ImageDataModule):
     folder = "cifar-10-batches-py"
     archive = "cifar-10-python.tar.gz"
     statistics = (CIFAR10_MEAN, CIFAR10_STD)  # the training split's channel mean and std, the default mean/std
+    options = CIFARDataOptions
 
     def __init__(
         self,
         root: str = "data",
-        download: bool = CIFARDataOptions.download,
-        img_size: int = CIFARDataOptions.img_size,
+        download: bool = DEFAULT,
+        img_size: int = DEFAULT,
         mean=None,
         std=None,
         **kwargs,
@@ -43,7 +44,7 @@ class CIFAR10DataModule(ImageDataModule):
             std=self.statistics[1] if std is None else std,
             **kwargs,
         )
-        self.root, self.download = os.fspath(root), download
+        self.root, self.download = os.fspath(root), self.resolve(download=download)["download"]
 
     def _missing(self, reason: str) -> FileNotFoundError:
         name = self.dataset_cls.__name__.replace("CIFAR", "CIFAR-")

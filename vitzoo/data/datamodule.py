@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import lightning as L
 import numpy as np
@@ -25,11 +26,31 @@ from .sampling import EpochSampler, RepeatAugEpochSampler, ResumableLoader, samp
 from .transforms import CROP_PADDING, HFLIP, seed_worker
 from .workers import resolve_num_workers
 
-__all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE"]
+__all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE", "DEFAULT"]
 
 log = logging.getLogger(__name__)
 
 DEVICE_CACHE_MAX_SIZE = 64  # device_cache=null turns the device path on for CUDA runs up to this img_size
+
+
+class _Default:
+    """The default of every option argument of the data modules: "left out", which
+    :meth:`ImageDataModule.resolve` replaces with the value of the module's options dataclass."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()  # typed Any, so that `batch_size: int = DEFAULT` keeps the argument's own type
+
+# What an option left out takes where the module's options dataclass has no such field (so its config cannot set it
+# either): the folder options' values (the cifar recipe, no repeated augmentation, no native resolution), unpinned
+# host memory and mid-grey statistics.
+_BASE_OPTIONS = FolderDataOptions(pin_memory=False, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+
+def _values(options: Any) -> Dict[str, Any]:
+    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 class ImageDataset(Dataset):
@@ -81,33 +102,82 @@ class ImageDataModule(L.LightningDataModule):
     its own size and aspect (longer side at most ``img_size``, sides cut to multiples of ``native_multiple``, the
     model's patch size; :mod:`~vitzoo.data.native`) and a batch is a list of images, which the ViT runs as one padded,
     masked batch; it replaces the recipe's transforms with a horizontal flip (cifar recipe, no device cache).
-    The options' defaults: :class:`~vitzoo.options.ImageDataOptions` and :class:`~vitzoo.options.FolderDataOptions`;
-    each data set's config runs with its own dataclass of :mod:`vitzoo.options` (e.g.
-    :class:`~vitzoo.options.DigitsDataOptions`).
+
+    The options' defaults: an argument left out (``DEFAULT``) takes its value in the class's ``options``, the
+    dataclass of :mod:`vitzoo.options` that its ``data=`` config is built on (e.g.
+    :class:`~vitzoo.options.DigitsDataOptions`), so ``DigitsDataModule()`` is the module ``data=digits`` builds
+    (:meth:`resolve`; an option that dataclass lacks takes the base's value, which the config runs with too).
     """
 
     num_classes: int
     in_chans: int = 3
+    options: ClassVar[Type[ImageDataOptions]] = ImageDataOptions  # the values of the arguments left out
+
+    @classmethod
+    def defaults(cls) -> Dict[str, Any]:
+        """Each option's value when the caller leaves it out: the fields of ``cls.options`` (a fresh instance, so a
+        mapping such as ``aug`` is the caller's own), over the base's values of the options that dataclass lacks."""
+        return {**_values(_BASE_OPTIONS), **_values(cls.options())}
+
+    @classmethod
+    def resolve(cls, **arguments: Any) -> Dict[str, Any]:
+        """``arguments`` (in their order) with every one left out (``DEFAULT``) at its value in :meth:`defaults`;
+        the one rule by which the base and each data module fill their options."""
+        defaults = cls.defaults()
+        return {name: defaults[name] if value is DEFAULT else value for name, value in arguments.items()}
 
     def __init__(
         self,
-        img_size: int,
-        batch_size: int = ImageDataOptions.batch_size,
-        num_workers: Union[int, str] = ImageDataOptions.num_workers,
-        mean: Sequence[float] = (0.5, 0.5, 0.5),
-        std: Sequence[float] = (0.5, 0.5, 0.5),
-        aug: Optional[Mapping[str, Any]] = ImageDataOptions.aug,
-        eval_batch_size: Optional[int] = ImageDataOptions.eval_batch_size,
-        pin_memory: bool = False,
-        device_cache: Optional[bool] = ImageDataOptions.device_cache,
-        recipe: str = FolderDataOptions.recipe,
-        crop_pct: Optional[float] = FolderDataOptions.crop_pct,
-        interpolation: Optional[str] = FolderDataOptions.interpolation,
-        repeated_aug: int = FolderDataOptions.repeated_aug,
-        native_resolution: bool = FolderDataOptions.native_resolution,
-        native_multiple: int = FolderDataOptions.native_multiple,
+        img_size: int = DEFAULT,
+        batch_size: int = DEFAULT,
+        num_workers: Union[int, str] = DEFAULT,
+        mean: Sequence[float] = DEFAULT,
+        std: Sequence[float] = DEFAULT,
+        aug: Optional[Mapping[str, Any]] = DEFAULT,
+        eval_batch_size: Optional[int] = DEFAULT,
+        pin_memory: bool = DEFAULT,
+        device_cache: Optional[bool] = DEFAULT,
+        recipe: str = DEFAULT,
+        crop_pct: Optional[float] = DEFAULT,
+        interpolation: Optional[str] = DEFAULT,
+        repeated_aug: int = DEFAULT,
+        native_resolution: bool = DEFAULT,
+        native_multiple: int = DEFAULT,
     ):
         super().__init__()
+        (
+            img_size,
+            batch_size,
+            num_workers,
+            mean,
+            std,
+            aug,
+            eval_batch_size,
+            pin_memory,
+            device_cache,
+            recipe,
+            crop_pct,
+            interpolation,
+            repeated_aug,
+            native_resolution,
+            native_multiple,
+        ) = self.resolve(
+            img_size=img_size,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            mean=mean,
+            std=std,
+            aug=aug,
+            eval_batch_size=eval_batch_size,
+            pin_memory=pin_memory,
+            device_cache=device_cache,
+            recipe=recipe,
+            crop_pct=crop_pct,
+            interpolation=interpolation,
+            repeated_aug=repeated_aug,
+            native_resolution=native_resolution,
+            native_multiple=native_multiple,
+        ).values()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
         self.num_workers = resolve_num_workers(num_workers)
         self.eval_batch_size = int(eval_batch_size or batch_size)

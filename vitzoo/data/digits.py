@@ -15,7 +15,7 @@ from sklearn.model_selection import train_test_split
 
 from vitzoo.options import DigitsDataOptions
 
-from .datamodule import ImageDataModule
+from .datamodule import DEFAULT, ImageDataModule
 
 __all__ = ["DigitsDataModule", "digits_arrays"]
 
@@ -34,16 +34,18 @@ class DigitsDataModule(ImageDataModule):
     """Digits 0-9; ``val_fraction`` of them (stratified, ``split_seed``) form the val split."""
 
     num_classes = 10
+    options = DigitsDataOptions
 
     def __init__(
         self,
-        img_size: int = DigitsDataOptions.img_size,
-        val_fraction: float = DigitsDataOptions.val_fraction,
-        split_seed: int = DigitsDataOptions.split_seed,
+        img_size: int = DEFAULT,
+        val_fraction: float = DEFAULT,
+        split_seed: int = DEFAULT,
         mean=DIGITS_MEAN,
         std=DIGITS_STD,
         **kwargs,
     ):
+        val_fraction, split_seed = self.resolve(val_fraction=val_fraction, split_seed=split_seed).values()
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
         super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)

@@ -11,7 +11,7 @@ from sklearn.model_selection import train_test_split
 
 from vitzoo.options import ImageFolderDataOptions
 
-from .datamodule import ImageDataModule
+from .datamodule import DEFAULT, ImageDataModule
 
 __all__ = ["ImageFolderDataModule", "IMAGE_EXTENSIONS"]
 
@@ -36,19 +36,21 @@ class ImageFolderDataModule(ImageDataModule):
     is ``val_fraction`` of train, stratified with ``split_seed``. Images are resized to
     ``img_size`` square."""
 
+    options = ImageFolderDataOptions
+
     def __init__(
         self,
         root: str,
-        img_size: int = ImageFolderDataOptions.img_size,
-        val_fraction: float = ImageFolderDataOptions.val_fraction,
-        split_seed: int = ImageFolderDataOptions.split_seed,
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
+        img_size: int = DEFAULT,
+        val_fraction: float = DEFAULT,
+        split_seed: int = DEFAULT,
+        mean=DEFAULT,
+        std=DEFAULT,
         **kwargs,
     ):
         super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)
         self.root = Path(os.path.expanduser(os.fspath(root)))
-        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self.val_fraction, self.split_seed = self.resolve(val_fraction=val_fraction, split_seed=split_seed).values()
         train = self.root / "train"
         if not train.is_dir():
             raise FileNotFoundError(

@@ -21,8 +21,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 
 from vitzoo.options import ShardsDataOptions
 
-from .datamodule import ImageDataModule
-from .imagefolder import IMAGENET_MEAN, IMAGENET_STD
+from .datamodule import DEFAULT, ImageDataModule
 from .native import collate_native
 from .pack import META_NAME
 from .sampling import sample_seed
@@ -64,18 +63,21 @@ class ShardsDataModule(ImageDataModule):
     epoch (each worker reads the epoch it augments for). ``native_resolution`` (with ``recipe: cifar``) as in
     :class:`~vitzoo.data.datamodule.ImageDataModule`."""
 
+    options = ShardsDataOptions
+
     def __init__(
         self,
         root: str,
-        img_size: int = ShardsDataOptions.img_size,
-        num_classes: Optional[int] = ShardsDataOptions.num_classes,
-        cache_dir: Optional[str] = ShardsDataOptions.cache_dir,
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
-        recipe: str = ShardsDataOptions.recipe,
+        img_size: int = DEFAULT,
+        num_classes: Optional[int] = DEFAULT,
+        cache_dir: Optional[str] = DEFAULT,
+        mean=DEFAULT,
+        std=DEFAULT,
+        recipe: str = DEFAULT,
         **kwargs,
     ):
         super().__init__(img_size=img_size, mean=mean, std=std, recipe=recipe, **kwargs)
+        num_classes, cache_dir = self.resolve(num_classes=num_classes, cache_dir=cache_dir).values()
         if self.device_cache:
             raise ValueError(
                 "data=shards streams its images; set data.device_cache=false (the device path needs "

@@ -6,7 +6,7 @@ import numpy as np
 
 from vitzoo.options import SyntheticDataOptions
 
-from .datamodule import ImageDataModule
+from .datamodule import DEFAULT, ImageDataModule
 
 __all__ = ["SyntheticDataModule"]
 
@@ -14,16 +14,21 @@ __all__ = ["SyntheticDataModule"]
 class SyntheticDataModule(ImageDataModule):
     """``num_train`` / ``num_val`` uniform-noise uint8 images of ``img_size``, seeded by ``seed``."""
 
+    options = SyntheticDataOptions
+
     def __init__(
         self,
-        img_size: int = SyntheticDataOptions.img_size,
-        num_classes: int = SyntheticDataOptions.num_classes,
-        num_train: int = SyntheticDataOptions.num_train,
-        num_val: int = SyntheticDataOptions.num_val,
-        seed: int = SyntheticDataOptions.seed,
+        img_size: int = DEFAULT,
+        num_classes: int = DEFAULT,
+        num_train: int = DEFAULT,
+        num_val: int = DEFAULT,
+        seed: int = DEFAULT,
         **kwargs,
     ):
         super().__init__(img_size=img_size, **kwargs)
+        num_classes, num_train, num_val, seed = self.resolve(
+            num_classes=num_classes, num_train=num_train, num_val=num_val, seed=seed
+        ).values()
         self.num_classes, self.num_train, self.num_val, self.seed = int(num_classes), num_train, num_val, seed
 
     def load_split(self, split: str):
