@@ -141,6 +141,18 @@ LINEAR_SPECS = [
 ]
 
 
+# Every mechanism that takes a key mask: the key-padding forms above, and those that take any mask (softmax and its
+# eager twin, the Synthesizers, whose logits index one grid: their images are not run on their own grids).
+MASK_SPECS = LINEAR_SPECS + [
+    "softmax",
+    {"name": "softmax", "fused": False},
+    {"name": "softmax", "fused": False, "scale": "log_n"},
+    "synth_dense",
+    "synth_random",
+    {"name": "synth_mix", "parts": ["random", "softmax"], "scale": "log_n"},
+]
+
+
 @pytest.mark.parametrize("spec", LINEAR_SPECS, ids=str)
 @pytest.mark.parametrize("form", ["keys", "symmetric"])
 def test_padded_batch_gives_each_image_what_it_gives_alone(spec, form):
@@ -159,6 +171,47 @@ def test_padded_batch_gives_each_image_what_it_gives_alone(spec, form):
     for i, (grid, xi) in enumerate(zip(GRIDS, xs)):
         layer.token_grid = grid
         torch.testing.assert_close(unpad(out, i, grid, canvas, prefix), layer(xi), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", MASK_SPECS, ids=str)
+@pytest.mark.parametrize("form", ["keys", "symmetric"])
+def test_an_image_with_no_key_gets_zero_output_and_finite_gradients(spec, form):
+    """An attn_mask all False for image 1: its rows are 0 (the layer's biases set to 0, so that the attention term
+    shows; the convs see its tokens as 0), everything is finite, gradients included, under a random output gradient,
+    and the other images give what they give alone."""
+    prefix, dim = 1, 16
+    name = spec if isinstance(spec, str) else spec["name"]
+    own_grids = not name.startswith("synth")
+    layer = build_attention(spec, dim, num_heads=2, num_tokens=17, num_prefix_tokens=prefix, grid_size=(4, 4))
+    layer = layer.double().eval()
+    with torch.no_grad():
+        for pname, p in layer.named_parameters():
+            if pname.split(".")[-1] == "bias":
+                p.zero_()
+            elif "pos" in pname:
+                p.normal_()
+    xs = images(GRIDS, prefix, dim)
+    x, mask, canvas = pad_tokens(xs, GRIDS, prefix)
+    mask[1] = False
+    layer.token_grid, layer.image_grids = canvas, tuple(GRIDS) if own_grids else None
+    x.requires_grad_()
+    mask = mask if form == "keys" else symmetric(mask)
+    out = layer(x, attn_mask=mask)
+    assert torch.isfinite(out).all()
+    assert (out[1] == 0).all()
+    params = [p for p in layer.parameters() if p.requires_grad]
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
+    grads = torch.autograd.grad(out, [x, *params], dout, allow_unused=True)
+    assert all(g is None or torch.isfinite(g).all() for g in grads)
+    assert (grads[0][1] == 0).all()
+    with torch.no_grad():
+        for i in (0, 2):
+            if own_grids:
+                layer.token_grid, layer.image_grids = GRIDS[i], None
+                alone, got = layer(xs[i]), unpad(out, i, GRIDS[i], canvas, prefix)
+            else:
+                alone, got = layer(x[i : i + 1], attn_mask=mask[i : i + 1]), out[i : i + 1]
+            torch.testing.assert_close(got, alone, rtol=1e-10, atol=1e-12)
 
 
 def test_masked_probs_put_no_weight_on_padded_keys():
@@ -237,27 +290,43 @@ def test_onnx_export_of_a_masked_linear_forward_matches_eager():
 
 @pytest.mark.parametrize(
     "spec",
-    [{"name": "linear", "feature_map": "hedgehog"}, "inline", "pola", {"name": "lion", "decay": "none"}],
+    [
+        {"name": "linear", "feature_map": "hedgehog"},
+        "linear",
+        "taylor",
+        "performer",
+        "focused_linear",
+        {"name": "linear", "rope": "axial"},
+        "inline",
+        "pola",
+        {"name": "lion", "decay": "none"},
+        "softmax",
+    ],
     ids=str,
 )
-def test_masked_mechanisms_fused_equal_eager_with_gradients(spec):
-    """The fused torch path (impl: torch) and the eager formula (impl: eager) under one mask, fp32."""
+@pytest.mark.parametrize("empty", [False, True], ids=["", "an-image-with-no-key"])
+def test_masked_mechanisms_fused_equal_eager_with_gradients(spec, empty):
+    """The fused path (impl: torch; softmax: SDPA) and the eager formula (impl: eager; fused: false) under one mask,
+    fp32, also with an image whose keys are all masked (0 on both)."""
     name, options = (
         (spec, {}) if isinstance(spec, str) else (spec["name"], {k: v for k, v in spec.items() if k != "name"})
     )
+    twins = [{"fused": True}, {"fused": False}] if name == "softmax" else [{"impl": "torch"}, {"impl": "eager"}]
     layers = [
         build_attention(
-            {"name": name, **options, "impl": impl},
+            {"name": name, **options, **twin},
             16,
             num_heads=2,
             num_tokens=17,
             num_prefix_tokens=1,
             grid_size=(4, 4),
         )
-        for impl in ("torch", "eager")
+        for twin in twins
     ]
     layers[1].load_state_dict(layers[0].state_dict())
     x, mask, canvas = pad_tokens([t.float() for t in images(GRIDS, 1, 16)], GRIDS, 1)
+    if empty:
+        mask[1] = False
     outs, grads = [], []
     for layer in layers:
         layer.token_grid = canvas
@@ -267,6 +336,26 @@ def test_masked_mechanisms_fused_equal_eager_with_gradients(spec):
         grads.append(torch.autograd.grad(out.square().sum(), xi)[0])
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-4)
+    assert all(torch.isfinite(t).all() for t in outs + grads)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "taylor", "identity"])
+@pytest.mark.parametrize("use_kernel", [None, False])
+def test_fused_paths_give_a_row_with_no_key_zero_with_finite_gradients(feature_map, use_kernel):
+    """A (batch, head) whose keys are all masked: 0 on the fused paths (the CPU kernel, the torch ops) as on the
+    naive formula (0 / eps), gradients finite and equal."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 13, 8, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    keep = key_mask(2, 1, 13)
+    keep[1] = False
+    fused = fused_linear_attention(q, k, v, feature_map, impl="torch", chunk=4, use_kernel=use_kernel, key_mask=keep)
+    naive = naive_linear_attention(q, k, v, feature_map, key_mask=keep)
+    assert (fused[1] == 0).all() and (naive[1] == 0).all()
+    torch.testing.assert_close(fused, naive, rtol=1e-10, atol=1e-12)
+    dout = torch.randn(fused.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(fused, (q, k, v), dout), torch.autograd.grad(naive, (q, k, v), dout)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_a_bad_key_mask_is_one_line_naming_the_form():

@@ -16,7 +16,8 @@ class EfficientAttention(ZooAttention):
 
     Logit noise is one eps_j per key added to all its channels before the softmax over tokens. A key-padding
     ``attn_mask`` leaves the padded keys out of the softmax over tokens. ``rope`` takes the decoupled form: the two
-    softmax factors turned in the numerator; the plain normaliser is softmax_D(q_i) . sum_j softmax_N(k)_j = 1.
+    softmax factors turned in the numerator; the plain normaliser is softmax_D(q_i) . sum_j softmax_N(k)_j = 1 (0 for
+    an image with no key: + ``GUARD_EPS``).
     """
 
     rope_form = "decoupled"
@@ -26,7 +27,7 @@ class EfficientAttention(ZooAttention):
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         if self.rope is not None:
             qs, ks = AF._efficient_factors(q, k, logit_noise, AF.key_padding(attn_mask))
-            return decoupled_attention(qs, ks, self.rope_angles(qs.shape[-2], qs), v, eps=0.0)
+            return decoupled_attention(qs, ks, self.rope_angles(qs.shape[-2], qs), v, AF.GUARD_EPS, num_keys=1)
         return AF.efficient_attention(q, k, v, logit_noise, AF.key_padding(attn_mask))
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):

@@ -41,13 +41,21 @@ __all__ = [
     "key_padding",
     "mask_keys",
     "key_count",
+    "no_keys",
+    "safe_softmax",
+    "masked_softmax",
     "eager_checks",
     "LINEAR_IMPLS",
+    "GUARD_EPS",
     "acc",
     "key_noise",
 ]
 
 LINEAR_IMPLS = ("auto", "triton", "torch", "eager")
+# The eps of the normalisers that have none (InLine's sum of key weights, Efficient's with decoupled RoPE): below
+# rounding for an image with keys (whose normaliser is about 1 or n), and 0 / eps = 0 with finite gradients for an
+# image with no key, instead of 0 / 0.
+GUARD_EPS = 1e-12
 Scale = Union[float, torch.Tensor, None]
 
 
@@ -191,10 +199,37 @@ def eager_checks() -> bool:
 
 def key_count(key_mask: Optional[torch.Tensor], like: torch.Tensor) -> Union[int, torch.Tensor]:
     """The keys that count, per (batch, head) as (B or 1, H or 1, 1, 1) in ``like``'s dtype under a ``key_mask``,
-    else the token count of ``like`` (B, H, N, D): n of each image in the formulas that divide by n."""
+    else the token count of ``like`` (B, H, N, D): n of each image in the formulas that divide by n.
+
+    At least 1: an image with no key has every sum over keys 0, and n = 1 keeps its normalisers finite (its output
+    0 with zero gradients, not 0/0) while changing nothing for an image with keys."""
     if key_mask is None:
         return like.shape[-2]
-    return key_mask.sum(-1).to(like.dtype)[..., None, None]
+    return key_mask.sum(-1).clamp_min(1).to(like.dtype)[..., None, None]
+
+
+def no_keys(attn_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """(..., Nq, 1) bool: the queries that attend no key under ``attn_mask`` (bool: True = attend; additive: finite),
+    e.g. every query of an image whose keys are all padding; None for no mask."""
+    if attn_mask is None:
+        return None
+    keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask > float("-inf")
+    return ~keep.any(-1, keepdim=True)
+
+
+def safe_softmax(logits: torch.Tensor, empty: Optional[torch.Tensor]) -> torch.Tensor:
+    """softmax over the last axis of logits whose mask is already added; the rows ``empty`` marks (all -inf: a query
+    that attends no key) are 0 with zero gradients, as SDPA's fully masked rows, not NaN."""
+    if empty is None:
+        return logits.softmax(dim=-1)
+    return logits.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+
+
+def masked_softmax(logits: torch.Tensor, keep: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """softmax along ``dim`` over the entries ``keep`` (bool, broadcasting to logits) lets through, 0 at the others;
+    a slice that lets none through is 0 with zero gradients (an image with no key), not NaN."""
+    empty = ~keep.any(dim, keepdim=True)
+    return logits.masked_fill(~(keep | empty), float("-inf")).softmax(dim=dim).masked_fill(empty, 0.0)
 
 
 def causal_keep(num_queries: int, num_keys: int, device) -> torch.Tensor:
@@ -223,13 +258,14 @@ def _logit_bias(q: torch.Tensor, k: torch.Tensor, attn_mask, logit_noise: float,
 def softmax_probs(
     q: torch.Tensor, k: torch.Tensor, scale: Scale = None, attn_mask=None, logit_noise: float = 0.0
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + mask + noise), computed in fp32 or wider: (B, H, Nq, Nk)."""
+    """softmax(q k^T * scale + mask + noise), computed in fp32 or wider: (B, H, Nq, Nk); a query that attends no key
+    gets a row of 0 (as SDPA)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = (acc(q) * scale) @ acc(k).transpose(-2, -1)
     bias = _logit_bias(q, k, attn_mask, logit_noise, logits.dtype)
     if bias is not None:
         logits = logits + bias
-    return logits.softmax(dim=-1)
+    return safe_softmax(logits, no_keys(attn_mask))
 
 
 def softmax_attention(
@@ -373,7 +409,8 @@ def _efficient_factors(q, k, logit_noise: float, key_mask: Optional[torch.Tensor
     noise = key_noise(k, logit_noise)
     if noise is not None:
         logits = logits + noise  # the same eps_j on every channel of key j
-    return acc(q).softmax(dim=-1), mask_keys(logits, key_mask, float("-inf")).softmax(dim=-2)
+    ks = logits.softmax(dim=-2) if key_mask is None else masked_softmax(logits, key_mask.unsqueeze(-1), dim=-2)
+    return acc(q).softmax(dim=-1), ks
 
 
 def efficient_attention(

@@ -31,7 +31,7 @@ def _inline_features(
     ``key_mask`` leaves out)."""
     q, k = AF.acc(q), AF.mask_keys(AF.acc(k), key_mask)
     e = AF.mask_keys(_key_weights(k, noise), key_mask)
-    kbar = (e * k).sum(-2, keepdim=True) / e.sum(-2, keepdim=True)
+    kbar = (e * k).sum(-2, keepdim=True) / e.sum(-2, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
     tau = q.shape[-1] ** -0.5
     ones = torch.ones_like(q[..., :1])
     return torch.cat([ones, tau * q], -1), e * torch.cat([torch.ones_like(k[..., :1]), k - kbar], -1)
@@ -49,7 +49,7 @@ def inline_attention(
     the kernel path (``noise``: per-key log-factors eps_j weighting key j by exp(eps_j) in every mean; the means run
     over the keys of ``key_mask``)."""
     fq, fk = _inline_features(q, k, noise, key_mask)
-    return AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", 0.0, impl).to(v.dtype)
+    return AF.linear_attention(fq, fk, v.to(fq.dtype), "identity", AF.GUARD_EPS, impl).to(v.dtype)
 
 
 def inline_probs(q: torch.Tensor, k: torch.Tensor, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -79,9 +79,10 @@ class InLineAttention(ZooAttention):
     The residual convolves V (all heads' channels) with 3x3 depthwise kernels generated from the mean of the
     layer's input over all tokens (a grouped 1x1 map per head, GELU, another to 9 values per channel; groups by
     head), with zero padding and no bias; prefix (class / register) tokens are queries and keys of the attention
-    term and count in the mean, but get no residual. No denominator, so no eps; logit noise weights key j by
-    exp(eps_j) in every mean over keys (rows still sum to 1). A key-padding ``attn_mask`` leaves the padded tokens out
-    of every mean (keys and the kernel generator's) and shows them to the conv as 0.
+    term and count in the mean, but get no residual. The normaliser is sum_j e_j (+ ``GUARD_EPS``, for an image
+    with no key); logit noise weights key j by exp(eps_j) in every mean over keys (rows still sum to 1). A
+    key-padding ``attn_mask`` leaves the padded tokens out of every mean (keys and the kernel generator's) and shows
+    them to the conv as 0.
     """
 
     rope_form = "rotate"  # centred scores: each row still sums to 1
@@ -114,7 +115,11 @@ class InLineAttention(ZooAttention):
         B, H, N, D = v.shape
         prefix, grid = self.num_prefix_tokens, self.current_grid(N)
         assert self.kernel_gen is not None  # called only with residual=True
-        mean = x.mean(dim=1) if key_mask is None else AF.mask_keys(x, key_mask[:, 0]).sum(1) / key_mask.sum(-1)
+        mean = (
+            x.mean(dim=1)
+            if key_mask is None
+            else AF.mask_keys(x, key_mask[:, 0]).sum(1) / key_mask.sum(-1).clamp_min(1)
+        )
         kernels = self.kernel_gen(mean.unsqueeze(-1)).reshape(B, H * D, 3, 3)
         images = AF.mask_keys(v, key_mask)[:, :, prefix:].transpose(-2, -1).reshape(B, H * D, *grid)
         out = dynamic_depthwise(images, kernels.to(images.dtype)).reshape(B, H, D, N - prefix).transpose(-2, -1)

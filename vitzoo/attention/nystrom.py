@@ -18,12 +18,13 @@ __all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_me
 def segment_means(x: torch.Tensor, num_segments: int, key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(..., N, D) -> (..., m, D), the official layout: the first m - (N mod m) segments hold floor(N / m)
     consecutive tokens, the last N mod m hold one more (needs m <= N). Under ``key_mask`` ((B or 1, 1, N) bool)
-    N counts each image's tokens of the mask, taken in order, and the others join no segment."""
+    N counts each image's tokens of the mask, taken in order, and the others join no segment (an image with none: m
+    empty segments, means 0)."""
     if key_mask is None:
         n: Union[int, torch.Tensor] = x.shape[-2]
         i = torch.arange(x.shape[-2], device=x.device)
     else:
-        n = key_mask.sum(-1, keepdim=True)
+        n = key_mask.sum(-1, keepdim=True).clamp_min(num_segments)  # an image with no token: m empty segments, 0
         i = key_mask.cumsum(-1) - 1  # each kept token's place among the kept ones
     short = n // num_segments
     cut = (num_segments - n % num_segments) * short  # tokens in the short segments
@@ -31,7 +32,7 @@ def segment_means(x: torch.Tensor, num_segments: int, key_mask: Optional[torch.T
     average = F.one_hot(segment.clamp_min(0), num_segments).transpose(-2, -1).to(x.dtype)
     if key_mask is not None:
         average = average * key_mask.unsqueeze(-2)
-    return (average / average.sum(-1, keepdim=True)) @ x
+    return (average / average.sum(-1, keepdim=True).clamp_min(1)) @ x
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
@@ -48,10 +49,10 @@ def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
     return z
 
 
-def _softmax(logits: torch.Tensor, logit_noise: float) -> torch.Tensor:
+def _softmax(logits: torch.Tensor, logit_noise: float, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
     if logit_noise > 0:
         logits = logits + AF.noise_draw(logits.shape, logit_noise, logits.device, logits.dtype)
-    return logits.softmax(dim=-1)
+    return logits.softmax(dim=-1) if keep is None else AF.masked_softmax(logits, keep)
 
 
 def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_scale, logit_noise: float, key_mask):
@@ -65,9 +66,7 @@ def _factors(q, k, num_landmarks: int, pinv_iterations: int, scale, landmark_sca
     f = _softmax((q * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
     a = _softmax((ql * landmark_scale) @ kl.transpose(-2, -1), logit_noise)
     logits = (ql * scale) @ k.transpose(-2, -1)
-    if key_mask is not None:
-        logits = logits.masked_fill(~key_mask.unsqueeze(-2), float("-inf"))
-    b = _softmax(logits, logit_noise)
+    b = _softmax(logits, logit_noise, None if key_mask is None else key_mask.unsqueeze(-2))
     return f, iterative_pinv(a, pinv_iterations), b
 
 
@@ -87,7 +86,7 @@ def nystrom_attention(
 
     ``scale`` multiplies the logits of the softmax over the n keys, ``landmark_scale`` those over the
     m landmark keys (both default 1/sqrt(d)); ``logit_noise`` adds independent noise to all three. ``key_mask``
-    ((B or 1, 1, N) bool): landmarks and keys from its tokens only (each image needs m of them).
+    ((B or 1, 1, N) bool): landmarks and keys from its tokens only (each image needs m of them, or none: 0).
     """
     if num_landmarks >= k.shape[-2]:
         mask = None if key_mask is None else key_mask.unsqueeze(-2)
@@ -127,7 +126,7 @@ class NystromAttention(ZooAttention):
     convolution of V along the token axis, one kernel per head. Logit noise goes on the logits of all
     three softmaxes; ``scale: log_n`` scales each by the log of its own key count (docs/mechanisms.md). A key-padding
     ``attn_mask``: landmarks are the segment means of each image's unpadded tokens, padded keys get no weight (each
-    image needs ``num_landmarks`` tokens or more; the token-axis conv refuses masks).
+    image needs ``num_landmarks`` tokens or more, or none; the token-axis conv refuses masks).
     """
 
     rope_form = "rotate"  # landmarks are means of the turned q and k
@@ -185,7 +184,10 @@ class NystromAttention(ZooAttention):
                 "nystrom's conv_kernel runs along the token sequence, whose neighbours padding changes; set "
                 "conv_kernel: null for masked inputs"
             )
-        short = keys is not None and m < k.shape[-2] and AF.eager_checks() and bool((keys.sum(-1) < m).any())
+        counts = None if keys is None else keys.sum(-1)
+        short = (
+            counts is not None and m < k.shape[-2] and AF.eager_checks() and bool(((counts > 0) & (counts < m)).any())
+        )
         if short:
             raise ValueError(
                 f"nystrom: an image of this masked batch has fewer than num_landmarks={m} tokens; lower num_landmarks "

@@ -48,14 +48,19 @@ def performer_features(
     The stabiliser c is the exponent's max over each query row (q) or one constant over all keys and
     features of a head (k); both cancel in the attention's ratio, so no gradient flows through them
     (detached: a quarter of the backward's time went into the max's gradient). 1 / sqrt(m) joins c in the
-    exponent, saving a pass over the n x m features. The keys' c is taken over the keys whose ``key_mask`` is True.
+    exponent, saving a pass over the n x m features. The keys' c is taken over the keys whose ``key_mask`` is True,
+    the others' features are 0.
     """
     x = acc(x) * (x.shape[-1] ** -0.5 if scale is None else scale) ** 0.5
     u = x @ weight.to(x.dtype).T - x.square().sum(dim=-1, keepdim=True) / 2
     if is_query:
         c = u.detach().amax(dim=-1, keepdim=True)
-    else:
-        c = mask_keys(u.detach(), key_mask, float("-inf")).amax(dim=(-2, -1), keepdim=True)
+    elif key_mask is None:
+        c = u.detach().amax(dim=(-2, -1), keepdim=True)
+    else:  # padded keys' exponents -inf (features 0); an image with no key: c = 0, all its features 0
+        u = mask_keys(u, key_mask, float("-inf"))
+        c = u.detach().amax(dim=(-2, -1), keepdim=True)
+        c = c.masked_fill(c == float("-inf"), 0.0)
     return (u - (c + 0.5 * math.log(weight.shape[0]))).exp()
 
 

@@ -28,9 +28,8 @@ def query_aware_keys(
     logits = (qbar * fq.shape[-1] ** -0.5) @ fk.transpose(-2, -1)
     if noise is not None:
         logits = logits + noise.transpose(-2, -1)
-    if key_mask is not None:
-        logits = logits.masked_fill(~key_mask.unsqueeze(-2), float("-inf"))
-    return fk * (logits.softmax(dim=-1).transpose(-2, -1) * n)
+    alpha = logits.softmax(dim=-1) if key_mask is None else AF.masked_softmax(logits, key_mask.unsqueeze(-2))
+    return fk * (alpha.transpose(-2, -1) * n)
 
 
 @register_attention("rala")

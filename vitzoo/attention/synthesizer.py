@@ -254,16 +254,28 @@ class SynthesizerAttention(GridBoundAttention):
             out = out.masked_fill(~AF.causal_keep(out.shape[-2], out.shape[-1], out.device), float("-inf"))
         return out
 
+    @staticmethod
+    def no_keys(x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> Optional[torch.Tensor]:
+        """The queries that attend no key under ``attn_mask`` (and the causal rows): their rows are 0."""
+        if attn_mask is None:
+            return None
+        return AF.no_keys(AF.causal_mask(x, x, attn_mask) if is_causal else attn_mask)
+
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):
         logits = self.logits(x, q, k, attn_mask, is_causal)
         if logit_noise > 0:
             logits = logits + AF.noise_draw(v.shape[:2] + logits.shape[-2:], logit_noise, v.device, logits.dtype)
-        attn = self.attn_drop(logits.softmax(dim=-1).expand(v.shape[0], -1, -1, -1))
+        attn = self.attn_drop(
+            AF.safe_softmax(logits, self.no_keys(x, attn_mask, is_causal)).expand(v.shape[0], -1, -1, -1)
+        )
         return (attn @ AF.acc(v)).to(v.dtype)
 
     def probs(self, x, q, k, attn_mask, is_causal, query_index):
         logits = self.logits(x, q, k, attn_mask, is_causal)[:, :, query_index]
-        return logits.softmax(dim=-1).expand(x.shape[0], -1, -1, -1)
+        empty = self.no_keys(x, attn_mask, is_causal)
+        if empty is not None and empty.shape[-2] > 1:
+            empty = empty[..., query_index, :]
+        return AF.safe_softmax(logits, empty).expand(x.shape[0], -1, -1, -1)
 
 
 @register_attention("synth_dense")

@@ -110,7 +110,7 @@ def window_attention(
     O(n (w^2 + P) d) time. ``train_keys``: None for 1/sqrt(d), else the log-n scale's reference count.
     ``rel_table``: Swin's relative position bias table ((2w - 1)^2, H) on the window logits, or None.
     ``key_mask`` ((B or 1, 1, N) bool): padded keys get no weight and are not counted (a window of padding alone
-    lets its padded queries attend its padding, so no softmax is empty).
+    lets its padded queries attend its padding, so no softmax is empty; in an image with no key every row is 0).
     """
     P = num_prefix
     layout = window_layout(grid, window_size, shifted)
@@ -132,7 +132,7 @@ def window_attention(
             bias = _relative_bias(rel_table, layout.size, window_size, P, q)[:, None]  # (H, 1, L, S)
             mask = torch.where(keep[None, :, None, :], bias, float("-inf")).flatten(0, 1)
     else:
-        keep = keep | ~keep.any(-1, keepdim=True)
+        keep = keep | (~keep.any(-1, keepdim=True) & key_mask.any(-1)[..., None, None])  # not for an image with no key
         scale = AF.query_scale(q, keep.sum(-1)[..., None, None], train_keys)
         mask = keep.unsqueeze(-2)  # (B or 1, 1, nw, 1, S)
         if rel_table is not None:
@@ -173,7 +173,7 @@ def window_probs(
     keep = (ids[:, None] == ids[None, :]) | (ids[:, None] < 0) | (ids[None, :] < 0)
     if key_mask is not None:  # (B or 1, 1, N, N)
         keep = keep & key_mask.unsqueeze(-2)
-        keep = keep | ~keep.any(-1, keepdim=True)
+        keep = keep | (~keep.any(-1, keepdim=True) & key_mask.any(-1)[..., None, None])  # not for an image with no key
     mask = keep
     if rel_table is not None:
         bias = F.pad(_relative_bias(rel_table, grid, window_size, 0, AF.acc(q)), (num_prefix, 0, num_prefix, 0))
