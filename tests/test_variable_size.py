@@ -75,11 +75,37 @@ def test_a_tensor_batch_takes_timms_forward_unchanged():
         (lambda m: m([torch.randn(3, 0, 8, dtype=torch.float64)]), "0x8, not a positive multiple"),
         (lambda m: m([torch.randn(3, 8, 8, dtype=torch.float64), torch.randn(1, 8, 8)]), "one channel count"),
         (lambda m: m([torch.randn(3, 8, 8, dtype=torch.float64)], attn_mask=torch.ones(1, 1, 1, 5)), "own padding"),
+        (lambda m: m([torch.randn(1, 8, 8), torch.randn(1, 8, 12)]), r"image 0 has shape \(1, 8, 8\), not \(3, H, W\)"),
+        (
+            lambda m: m([torch.randn(3, 8, 8), torch.randn(8, 12, 3)]),
+            r"image 1 has shape \(8, 12, 3\), not \(3, H, W\)",
+        ),
+        (lambda m: m([torch.randn(3, 8, 8), torch.randn(8, 8)]), r"image 1 has shape \(8, 8\), not \(3, H, W\)"),
+        (lambda m: m([torch.randn(3, 8, 8), torch.randn(3, 2, 8)]), r"image 1 has shape \(3, 2, 8\): .*one patch"),
+        (lambda m: m([torch.zeros(3, 8, 8, dtype=torch.uint8)]), r"image 0 of shape \(3, 8, 8\) has dtype torch.uint8"),
     ],
 )
 def test_bad_lists_are_one_line_errors(call, fix):
+    """A bad image names its index, its shape and what is expected (the model's channels, sides a multiple of the
+    patch size, a float dtype), before any conv sees it."""
     with pytest.raises(ValueError, match=fix) as err:
         call(tiny("linear"))
+    assert "\n" not in str(err.value)
+
+
+def test_a_list_item_that_is_not_a_tensor_is_one_line():
+    with pytest.raises(TypeError, match="image 1 is a numpy.ndarray, not a torch.Tensor") as err:
+        tiny("linear")([torch.randn(3, 8, 8), torch.randn(3, 8, 8).numpy()])
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["forward_features", "forward_intermediates", "forward"])
+def test_timms_tensor_methods_refuse_a_list_naming_the_calls_that_take_one(method):
+    """forward_features / forward_intermediates (and forward, which calls the first) take one tensor, as in timm;
+    a list is one line naming model(images) and model.forward_padded(images)."""
+    pattern = r"takes one \(B, C, H, W\) tensor, not a list of images.*model\(images\).*model\.forward_padded\(images\)"
+    with pytest.raises(TypeError, match=pattern) as err:
+        getattr(tiny("linear"), method)(images())
     assert "\n" not in str(err.value)
 
 

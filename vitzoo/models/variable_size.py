@@ -9,7 +9,7 @@ classifier pools each image's own tokens. So every image gives, up to rounding, 
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -24,23 +24,42 @@ __all__ = ["pad_images", "forward_padded", "pool_padded"]
 Grid = Tuple[int, int]
 
 
-def pad_images(images: Sequence[torch.Tensor], patch_size: Sequence[int]) -> Tuple[torch.Tensor, List[Grid]]:
-    """(pixels (B, C, H, W) zero-padded at the bottom and right, each image's patch grid) for images (C, h_b, w_b)
-    whose sides are multiples of the patch size."""
+def pad_images(
+    images: Sequence[torch.Tensor], patch_size: Sequence[int], channels: Optional[int] = None
+) -> Tuple[torch.Tensor, List[Grid]]:
+    """(pixels (B, C, H, W) zero-padded at the bottom and right, each image's patch grid) for float images
+    (C, h_b, w_b) whose sides are multiples of the patch size; ``channels``: the C the model takes (else the first
+    image's). A bad image is a one-line error naming its index, its shape and what is expected."""
     if not images:
         raise ValueError("a variable-size batch needs at least one image")
+    for i, img in enumerate(images):
+        if not isinstance(img, torch.Tensor):
+            kind = f"{type(img).__module__}.{type(img).__qualname__}"
+            raise TypeError(f"image {i} is a {kind}, not a torch.Tensor; give (C, H, W) tensors, channels first")
+    if channels is None:
+        channels = images[0].shape[0] if images[0].dim() == 3 else None
     grids = []
     for i, img in enumerate(images):
-        if img.dim() != 3 or img.shape[0] != images[0].shape[0]:
+        shape = tuple(img.shape)
+        if img.dim() != 3 or img.shape[0] != channels:
+            expected = "C" if channels is None else channels
             raise ValueError(
-                f"image {i} has shape {tuple(img.shape)}; give (C, H, W) images with one channel count, or one "
-                "(B, C, H, W) tensor for a batch of one size"
+                f"image {i} has shape {shape}, not ({expected}, H, W): give channels-first images with the model's "
+                f"{expected} channels (one channel count for the whole list), or one (B, C, H, W) tensor for a batch "
+                "of one size"
             )
-        h, w = img.shape[-2:]
-        if h % patch_size[0] or w % patch_size[1] or not h or not w:
+        if not img.is_floating_point():
             raise ValueError(
-                f"image {i} is {h}x{w}, not a positive multiple of the patch size {tuple(patch_size)}; resize or crop "
-                "it to a multiple (a partial patch would mix the image with padding)"
+                f"image {i} of shape {shape} has dtype {img.dtype}, not a float dtype: convert it as the model's "
+                "training images were (e.g. img.float() / 255, then normalised)"
+            )
+        h, w = shape[-2:]
+        if h % patch_size[0] or w % patch_size[1] or not h or not w:
+            small = ", smaller than one patch" if h < patch_size[0] or w < patch_size[1] else ""
+            raise ValueError(
+                f"image {i} has shape {shape}: {h}x{w}, not a positive multiple of the patch size "
+                f"{tuple(patch_size)}{small}; resize or crop it to a multiple (a partial patch would mix the image "
+                "with padding)"
             )
         grids.append((h // patch_size[0], w // patch_size[1]))
     height, width = max(img.shape[-2] for img in images), max(img.shape[-1] for img in images)
@@ -79,7 +98,8 @@ def forward_padded(model, images: Sequence[torch.Tensor]) -> Tuple[torch.Tensor,
         raise ValueError("a list of images of different sizes needs dynamic_img_size=True (vitzoo's default)")
     if not isinstance(model.patch_drop, nn.Identity):
         raise ValueError("patch_drop_rate > 0 drops tokens of the padded canvas; set it to 0 for a list of images")
-    pixels, grids = pad_images(images, model.patch_embed.patch_size)
+    channels = getattr(getattr(model.patch_embed, "proj", None), "in_channels", None)
+    pixels, grids = pad_images(images, model.patch_embed.patch_size, channels)
     x, valid = _embed(model, pixels, grids)
     x = model.norm_pre(model.pos_drop(x))
     mask = valid[:, None, None, :]

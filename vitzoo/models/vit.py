@@ -29,7 +29,8 @@ class ZooVisionTransformer(VisionTransformer):
     """timm's VisionTransformer that tells its attention layers the patch grid of each input.
 
     Synthesizer grids and the log-n scale need the (h, w) grid when the input size changes
-    (``dynamic_img_size``); everything else is timm's, including ``forward_intermediates``.
+    (``dynamic_img_size``); everything else is timm's, including ``forward_intermediates`` (``forward_features`` and
+    it refuse a list of images in one line, naming ``model(images)`` and ``forward_padded``).
     Each attention layer learns its block's index (window attention shifts every second block). The builders take
     ``attention`` (one spec or a hybrid stack, ``vitzoo.attention.stack``) and ``block`` (``timm`` or ``mlla``,
     ``vitzoo.models.blocks``). ``model(images)`` with a list of (C, h, w) images of different sizes runs them as one
@@ -63,6 +64,16 @@ class ZooVisionTransformer(VisionTransformer):
         """(tokens (B, N, C), key mask (B, N)) of a list of images of different sizes on one padded canvas."""
         return forward_padded(self, images)
 
+    def forward_features(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """timm's, for a (B, C, H, W) tensor; a list of images is a one-line error naming ``forward_padded``."""
+        _tensor_only(x, "forward_features")
+        return super().forward_features(x, *args, **kwargs)
+
+    def forward_intermediates(self, x: torch.Tensor, *args, **kwargs):
+        """timm's, for a (B, C, H, W) tensor; a list of images is a one-line error naming ``forward_padded``."""
+        _tensor_only(x, "forward_intermediates")
+        return super().forward_intermediates(x, *args, **kwargs)
+
     def _pos_embed(self, x):
         grid = x.shape[1:3] if self.dynamic_img_size else self.patch_embed.grid_size
         x = share_grid(x, [block.attn for block in self.blocks if isinstance(block.attn, ZooAttention)], grid)
@@ -72,6 +83,15 @@ class ZooVisionTransformer(VisionTransformer):
     def no_weight_decay(self) -> Set[str]:
         """timm's, and RoPE-Mixed's learned frequencies (as timm's ``RotaryEmbeddingMixed`` excludes them)."""
         return super().no_weight_decay() | {"blocks.*.attn.rope.freqs"}
+
+
+def _tensor_only(x: Any, method: str) -> None:
+    """timm's tensor methods refuse a list of images in one line that names the calls that take one."""
+    if isinstance(x, (list, tuple)):
+        raise TypeError(
+            f"{method} takes one (B, C, H, W) tensor, not a list of images: for images of different sizes call "
+            "model(images) for the logits, or model.forward_padded(images) for the tokens and their key mask"
+        )
 
 
 def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
