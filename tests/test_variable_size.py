@@ -110,9 +110,18 @@ def test_timms_tensor_methods_refuse_a_list_naming_the_calls_that_take_one(metho
 
 
 @pytest.mark.parametrize(
-    "attention,fix", [("linformer", "takes no attn_mask"), ("synth_random", "one grid, not of each image's own")]
+    "attention,fix",
+    [
+        ("linformer", "cannot take a variable-size batch.*mixes all tokens.*images of one size.*takes key padding"),
+        ({"name": "lion", "decay": "fixed"}, "cannot take a variable-size batch.*images of one size.*decay: none"),
+        ({"name": "lion", "decay": "selective"}, "cannot take a variable-size batch.*padding changes"),
+        ("synth_random", "one grid, not of each image's own"),
+    ],
+    ids=str,
 )
 def test_a_mechanism_tied_to_one_grid_refuses_a_list_in_one_line(attention, fix):
+    """The padding of a list is not a mask the caller passed: a mechanism that cannot leave padded keys out says it
+    cannot take a variable-size batch, why, and the fix (not "takes no attn_mask")."""
     with pytest.raises(ValueError, match=fix) as err:
         tiny(attention)(images())
     assert "\n" not in str(err.value)

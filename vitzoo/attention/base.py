@@ -79,6 +79,8 @@ class ZooAttention(nn.Module):
     projections: Sequence[str] = ("q", "k", "v")
     has_logits: bool = True  # False: no n x n attention matrix is ever formed (so nothing for attn_drop)
     no_mask: Optional[str] = None  # why the mechanism takes no attn_mask, and what to use (None: it takes one)
+    # why it cannot leave padded keys out (a variable-size batch's mask), where ``no_mask`` does not say it alone
+    no_padding: Optional[str] = None
     no_causal: Optional[str] = None  # why it has no causal form, and what to use (None: it has one)
     # How the mechanism takes ``rope``: "rotate" (q and k turned after qk-norm, before ``mix``) or "decoupled" (its
     # ``mix`` turns its kernel features itself, via ``rope_angles``); ``no_rope`` says why it takes none instead.
@@ -203,6 +205,8 @@ class ZooAttention(nn.Module):
         """An ``attn_mask`` or ``is_causal`` the mechanism has no form for is a one-line error (``no_mask``,
         ``no_causal`` say why), never silently ignored; so is a mask that does not broadcast to (B, heads, N, N) of
         the tokens x (B, N, C)."""
+        if attn_mask is not None and self.no_mask is not None and self.image_grids is not None:
+            raise ValueError(self.padding_refusal(self.no_padding or self.no_mask))
         for given, option, why in (
             (attn_mask is not None, "attn_mask", self.no_mask),
             (is_causal, "is_causal", self.no_causal),
@@ -218,6 +222,17 @@ class ZooAttention(nn.Module):
                 f"attn_mask {shape} does not broadcast to (B, heads, N, N) = {full} of this input (N counts its "
                 f"{self.num_prefix_tokens} prefix tokens); give (B, 1, 1, N) key padding or (B, 1, N, N), True = attend"
             )
+
+    def padding_refusal(self, why: str, fix: Optional[str] = None) -> str:
+        """The one-line refusal of a variable-size batch (``image_grids`` set: the attn_mask is the padding's, not the
+        caller's): the mechanism cannot leave the padded keys out, ``why``, and ``fix`` (else: a mechanism that
+        takes key padding)."""
+        fix = fix or "use a mechanism that takes key padding (e.g. attention='linear' or 'softmax')"
+        return (
+            f"{type(self).__name__} cannot take a variable-size batch: a list of images is padded to one canvas and "
+            f"the padded keys must be left out, but {why}; give images of one size per batch (one (B, C, H, W) "
+            f"tensor), or {fix} (docs/mechanisms.md section 22)"
+        )
 
     @property
     def dropout_p(self) -> float:

@@ -89,6 +89,7 @@ class LinformerAttention(GridBoundAttention):
         "by; use attention='softmax' or 'nystrom' with rope"
     )
     no_mask = no_causal = "each projected key mixes all tokens; use attention='softmax' for masked or causal inputs"
+    no_padding = "each projected key mixes all tokens, the padded ones too"
 
     resampled = "projections E, F"
 

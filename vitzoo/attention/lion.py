@@ -314,6 +314,9 @@ class LionAttention(ZooAttention):
 
     def key_padding(self, attn_mask):
         """The key mask of ``attn_mask`` (``decay: none`` only: a decay runs along the whole grid's token order)."""
+        if attn_mask is not None and self.decay != "none" and self.image_grids is not None:
+            why = f"with decay={self.decay} its decay runs along the canvas's token order, which the padding changes"
+            raise ValueError(self.padding_refusal(why, "use decay: none (LION then takes key padding)"))
         if attn_mask is not None and self.decay != "none":
             raise ValueError(
                 f"{type(self).__name__} takes no attn_mask: with decay={self.decay} its decay runs along the token "
