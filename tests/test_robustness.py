@@ -532,23 +532,7 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     said = [line.split("] ", 1)[1] for line in proc.stdout.splitlines()]  # "[time][INFO] message"
     header = said.index(next(line for line in said if line.startswith("checkpoint ")))
     assert said[header - 1].split() == ["corruptions", "logit", "noise", "input", "size"]
-    assert said[header].split() == [
-        "checkpoint",
-        "clean",
-        "mean",
-        "1",
-        "of",
-        "15",
-        "mean",
-        "CE",
-        "1",
-        "of",
-        "15",
-        "vs",
-        "softmax",
-        "1",
-        "2x",
-    ]
+    assert said[header].split() == "checkpoint clean mean 1 of 15 mean CE 1 of 15 vs softmax 1 2x".split()
     summary = json.loads((run / "robustness.json").read_text())["summary"]
     for line, label in zip(said[header + 1 : header + 3], ("softmax", "linear")):
         s = summary[label]
@@ -572,15 +556,7 @@ def test_eval_ends_with_a_table_and_the_paths_and_its_log_holds_them(checkpoints
     assert list(paths) == ["results", "plots", "tensorboard", "log"] and said[start - 1].startswith("input size: ")
     files = [name for key in ("results", "plots", "log") for name in paths[key].split(", ")]
     assert sorted(files) == sorted(
-        [
-            "robustness.json",
-            "robustness.csv",
-            "metrics.json",
-            "corruptions.png",
-            "logit_noise.png",
-            "resolution.png",
-            "eval.log",
-        ]
+        "robustness.json robustness.csv metrics.json corruptions.png logit_noise.png resolution.png eval.log".split()
     )
     assert all((run / name).is_file() for name in files)
     assert paths["tensorboard"] == f"tensorboard (tensorboard --logdir {run.resolve() / 'tensorboard'})"
