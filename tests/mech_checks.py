@@ -13,12 +13,17 @@ from vitzoo.attention import ZooAttention, build_attention
 from attention_reference import module_out, module_qkv
 
 
-def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, **kwargs):
-    """The module for ``spec`` built for ``tokens`` tokens (``prefix`` of them before a square grid)."""
+def build(spec, dim=16, num_heads=2, tokens=16, prefix=0, seed=0, grid=None, **kwargs):
+    """The module for ``spec`` built for ``tokens`` tokens (``prefix`` of them before a square grid), or for ``prefix``
+    tokens before the (h, w) ``grid`` when one is given (``tokens`` is then ignored)."""
     torch.manual_seed(seed)
-    side = math.isqrt(tokens - prefix)
+    if grid is None:
+        side = math.isqrt(tokens - prefix)
+        grid = (side, side)
+    else:
+        tokens = prefix + grid[0] * grid[1]
     return build_attention(
-        spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=prefix, grid_size=(side, side), **kwargs
+        spec, dim, num_heads=num_heads, num_tokens=tokens, num_prefix_tokens=prefix, grid_size=grid, **kwargs
     )
 
 

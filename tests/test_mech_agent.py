@@ -7,28 +7,19 @@ import torch
 import torch.nn.functional as F
 
 import vitzoo
-from vitzoo.attention import build_attention
 from vitzoo.attention.agent import AgentAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import dwc_ref, module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
 from mech_checks import assert_one_line_error, check_double_resolution, gradcheck_module
+from mech_checks import build as build_module
 
 DIM, HEADS, PREFIX, GRID = 8, 2, 1, (4, 6)  # a non-square grid catches h/w mix-ups
 N = PREFIX + GRID[0] * GRID[1]
 
 
 def build(spec, grid=GRID, prefix=PREFIX, seed=0):
-    torch.manual_seed(seed)
-    m = build_attention(
-        {"name": "agent", **spec},
-        DIM,
-        num_heads=HEADS,
-        qkv_bias=True,
-        num_tokens=prefix + grid[0] * grid[1],
-        num_prefix_tokens=prefix,
-        grid_size=grid,
-    ).double()
+    m = build_module({"name": "agent", **spec}, DIM, HEADS, prefix=prefix, seed=seed, grid=grid, qkv_bias=True).double()
     m.token_grid = grid
     return m
 

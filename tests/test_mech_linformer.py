@@ -10,22 +10,15 @@ from vitzoo.attention import build_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
 from mech_checks import backward_at_both_resolutions, gradcheck_module
+from mech_checks import build as build_module
 
 DIM, HEADS, PREFIX, GRID, K = 16, 2, 1, (3, 4), 5  # a non-square grid catches h/w mix-ups
 N = PREFIX + GRID[0] * GRID[1]
 
 
 def build(grid=GRID, seed=0, **options):
-    torch.manual_seed(seed)
-    return build_attention(
-        {"name": "linformer", "proj_len": K, **options},
-        DIM,
-        num_heads=HEADS,
-        qkv_bias=True,
-        num_tokens=PREFIX + grid[0] * grid[1],
-        num_prefix_tokens=PREFIX,
-        grid_size=grid,
-    ).double()
+    spec = {"name": "linformer", "proj_len": K, **options}
+    return build_module(spec, DIM, HEADS, prefix=PREFIX, seed=seed, grid=grid, qkv_bias=True).double()
 
 
 # -- float64 reference -------------------------------------------------------------------------------

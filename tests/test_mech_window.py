@@ -6,26 +6,19 @@ import pytest
 import torch
 
 import vitzoo
-from vitzoo.attention import build_attention
 from vitzoo.attention.window import WindowAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
 from mech_checks import assert_one_line_error, check_onnx_at_another_size, gradcheck_module
+from mech_checks import build as build_module
 
 DIM, HEADS, GRID = 8, 2, (5, 7)  # non-square, divisible by neither window side
 
 
 def build(spec, grid=GRID, prefix=1, shifted=False, seed=0):
-    torch.manual_seed(seed)
-    m = build_attention(
-        {"name": "window", **spec},
-        DIM,
-        num_heads=HEADS,
-        qkv_bias=True,
-        num_tokens=prefix + grid[0] * grid[1],
-        num_prefix_tokens=prefix,
-        grid_size=grid,
+    m = build_module(
+        {"name": "window", **spec}, DIM, HEADS, prefix=prefix, seed=seed, grid=grid, qkv_bias=True
     ).double()
     m.token_grid, m.block_index = grid, int(shifted)
     return m
