@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from attention_reference import module_out, module_qkv
 from mech_checks import assert_one_line_error, build, check_exporters, gradcheck_module
-from recent_checks import check_resolutions
+from recent_checks import check_formula, check_resolutions, check_same_with_gradients, probs_at, scan_inputs
 from vitzoo.attention.lion import lion_snake, lion_snake_masked, snake_orders
 
 
@@ -109,12 +109,10 @@ def test_module_is_the_float64_formula(decay, prefix, chunk, grid):
     layer = layer.double()
     spread(layer)
     layer.token_grid = grid
-    x = torch.randn(2, n, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), reference(layer, x, grid), rtol=1e-9, atol=1e-11)
+    x = check_formula(layer, reference, n)
     index = torch.tensor([0, 5, n - 1])
     q, k, _ = module_qkv(layer, x)
-    probs = layer.probs(x, *layer.project(x)[:2], None, False, index)
-    torch.testing.assert_close(probs, weights_ref(layer, x, q, k, grid)[:, :, index])
+    torch.testing.assert_close(probs_at(layer, x, index), weights_ref(layer, x, q, k, grid)[:, :, index])
 
 
 def test_one_row_with_tied_parameters_is_the_raster_form():
@@ -130,19 +128,13 @@ def test_one_row_with_tied_parameters_is_the_raster_form():
 
 @pytest.mark.parametrize("chunk", [1, 4, 64])
 def test_chunked_scans_equal_the_masked_form_with_gradients(chunk):
-    torch.manual_seed(0)
-    fq, fk = (F.normalize(torch.rand(2, 3, 21, 8, dtype=torch.float64), dim=-1).requires_grad_() for _ in range(2))
-    v = torch.randn(2, 3, 21, 5, dtype=torch.float64, requires_grad=True)
-    gates = [F.logsigmoid(torch.randn(2, 3, 21, dtype=torch.float64)).requires_grad_() for _ in range(2)]
+    fq, fk, v, gates = scan_inputs(21, num_gates=2)
     orders = snake_orders((4, 5), 1)
-    inputs = (fq, fk, v, *gates)
-    results = []
-    for fn, kw in ((lion_snake, {"chunk": chunk}), (lion_snake_masked, {})):
-        out = fn(fq, fk, v, tuple(gates), orders, **kw)
-        results.append((out, torch.autograd.grad(out.square().sum(), inputs)))
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-10, atol=1e-12)
-    for a, b in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    check_same_with_gradients(
+        lambda: lion_snake(fq, fk, v, tuple(gates), orders, chunk=chunk),
+        lambda: lion_snake_masked(fq, fk, v, tuple(gates), orders),
+        (fq, fk, v, *gates),
+    )
 
 
 @pytest.mark.parametrize("decay", ["fixed", "selective"])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from attention_reference import dwc_ref, module_out, module_qkv, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_fused_equals_eager, check_resolutions
+from recent_checks import check_formula, check_fused_equals_eager, check_resolutions, probs_at
 
 
 def weights_ref(q, k):
@@ -60,8 +60,7 @@ def reference(layer, x):
 @pytest.mark.parametrize("options", [{}, {"residual": False}, {"heads": "projected", "head_dim": 5}])
 def test_module_is_the_float64_formula(prefix, options):
     layer = build({"name": "inline", **options}, tokens=prefix + 16, prefix=prefix, qkv_bias=True).double()
-    x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
+    check_formula(layer, reference, prefix + 16)
 
 
 def test_rows_sum_to_one_and_probs_are_the_weights_shares():
@@ -72,8 +71,7 @@ def test_rows_sum_to_one_and_probs_are_the_weights_shares():
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w[..., 0]))
     assert (w < 0).any()  # signed: the diagnostics see |w| as a distribution
     index = torch.tensor([0, 7, 16])
-    got = layer.probs(x, *layer.project(x)[:2], None, False, index)
-    torch.testing.assert_close(got, (w.abs() / w.abs().sum(-1, keepdim=True))[:, :, index])
+    torch.testing.assert_close(probs_at(layer, x, index), (w.abs() / w.abs().sum(-1, keepdim=True))[:, :, index])
     with torch.no_grad():  # constant values come back unchanged: the weights have no denominator to miss
         layer.in_proj.proj.weight[32:].zero_()
         layer.in_proj.proj.weight[32:, 0] = 1.0

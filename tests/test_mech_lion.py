@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from attention_reference import module_out, module_qkv, phi, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, check_exporters, gradcheck_module
-from recent_checks import check_fused_equals_eager, check_resolutions
+from recent_checks import check_formula, check_fused_equals_eager, check_resolutions, check_same_with_gradients
+from recent_checks import probs_at, scan_inputs
 from vitzoo.attention.lion import lion_chunked, lion_masked
 
 
@@ -67,13 +68,10 @@ def test_module_is_the_float64_formula(decay, prefix, chunk):
     ).double()
     if layer.gate is not None:
         torch.nn.init.normal_(layer.gate.weight)  # spread gates, so the test sees them
-    x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
+    x = check_formula(layer, reference, prefix + 16)
     index = torch.tensor([0, 6, prefix + 15])
     q, k, _ = module_qkv(layer, x)
-    torch.testing.assert_close(
-        layer.probs(x, *layer.project(x)[:2], None, False, index), weights_ref(layer, x, q, k)[:, :, index]
-    )
+    torch.testing.assert_close(probs_at(layer, x, index), weights_ref(layer, x, q, k)[:, :, index])
 
 
 def test_the_masks_match_the_decay_each_names():
@@ -88,17 +86,9 @@ def test_the_masks_match_the_decay_each_names():
 
 @pytest.mark.parametrize("chunk", [1, 4, 7, 64])
 def test_chunked_scans_equal_the_masked_form_with_gradients(chunk):
-    torch.manual_seed(0)
-    fq, fk = (F.normalize(torch.rand(2, 3, 23, 8, dtype=torch.float64), dim=-1).requires_grad_() for _ in range(2))
-    v = torch.randn(2, 3, 23, 5, dtype=torch.float64, requires_grad=True)
-    gates = F.logsigmoid(torch.randn(2, 3, 23, dtype=torch.float64)).requires_grad_()
+    fq, fk, v, (gates,) = scan_inputs(23)
     inputs = (fq, fk, v, gates)
-    grads = []
-    for out in (lion_chunked(*inputs, chunk=chunk), lion_masked(*inputs)):
-        grads.append((out, torch.autograd.grad(out.square().sum(), inputs)))
-    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=1e-12)
-    for a, b in zip(grads[0][1], grads[1][1]):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    check_same_with_gradients(lambda: lion_chunked(*inputs, chunk=chunk), lambda: lion_masked(*inputs), inputs)
 
 
 @pytest.mark.parametrize("impl", ["torch", "auto"])

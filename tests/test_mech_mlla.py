@@ -11,7 +11,8 @@ from vitzoo.training import build_classifier
 
 from attention_reference import dwc_ref, module_out, module_qkv, phi, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_resolutions, grid_positions, rotate_complex, row_shares
+from recent_checks import check_formula, check_resolutions, grid_positions, lepe_heads_ref, probs_at, rotate_complex
+from recent_checks import row_shares
 
 
 def angles_ref(layer, n):
@@ -35,11 +36,7 @@ def weights_ref(layer, q, k, eps=1e-6):
 
 
 def reference(layer, x):
-    q, k, v = module_qkv(layer, x)
-    out = weights_ref(layer, q, k)[0] @ v
-    if layer.lepe is not None:
-        out = out + dwc_ref(v, layer.lepe, layer.current_grid(v.shape[-2]), layer.num_prefix_tokens)
-    return module_out(layer, out)
+    return module_out(layer, lepe_heads_ref(layer, x, weights_ref))
 
 
 @pytest.mark.parametrize("prefix", [0, 1])
@@ -47,8 +44,7 @@ def reference(layer, x):
 def test_module_is_the_float64_formula(prefix, options):
     layer = build({"name": "mlla", **options}, tokens=prefix + 16, prefix=prefix, qkv_bias=True).double()
     layer.token_grid = (2, 8)  # non-square: rows and columns must not be swapped
-    x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
+    check_formula(layer, reference, prefix + 16)
 
 
 def test_each_head_turns_along_one_axis_and_probs_are_the_weights_shares():
@@ -60,7 +56,7 @@ def test_each_head_turns_along_one_axis_and_probs_are_the_weights_shares():
     x = torch.randn(2, 17, 16, dtype=torch.float64)
     index = torch.tensor([0, 4, 16])
     expected = row_shares(weights_ref(layer, *module_qkv(layer, x)[:2])[1])[:, :, index]
-    torch.testing.assert_close(layer.probs(x, *layer.project(x)[:2], None, False, index), expected)
+    torch.testing.assert_close(probs_at(layer, x, index), expected)
 
 
 def test_gradcheck():

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from attention_reference import dwc_ref, module_qkv, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_fused_equals_eager, check_resolutions, gated_out
+from recent_checks import check_formula, check_fused_equals_eager, check_resolutions, gated_out, probs_at
 
 
 def key_positions_ref(layer, n):
@@ -65,8 +65,7 @@ def randomised(layer):
 @pytest.mark.parametrize("options", [{}, {"kernel_size": 0}, {"heads": "projected", "head_dim": 6}, {"alpha": 1.5}])
 def test_module_is_the_float64_formula(prefix, options):
     layer = randomised(build({"name": "pola", **options}, tokens=prefix + 16, prefix=prefix, qkv_bias=True)).double()
-    x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
+    check_formula(layer, reference, prefix + 16)
 
 
 def test_probs_average_the_two_streams_row_shares():
@@ -76,8 +75,7 @@ def test_probs_average_the_two_streams_row_shares():
     same, opposite = streams_ref(layer, q, k)
     expected = (same / same.sum(-1, keepdim=True) + opposite / opposite.sum(-1, keepdim=True)) / 2
     index = torch.tensor([0, 5, 16])
-    got = layer.probs(x, *layer.project(x)[:2], None, False, index)
-    torch.testing.assert_close(got, expected[:, :, index], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(probs_at(layer, x, index), expected[:, :, index], rtol=1e-10, atol=1e-12)
 
 
 def test_power_starts_at_three_and_the_gate_multiplies_the_output():

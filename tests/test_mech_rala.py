@@ -4,9 +4,10 @@ and the linear gate against float64 formulas."""
 import pytest
 import torch
 
-from attention_reference import dwc_ref, module_qkv, phi, single_thread  # noqa: F401
+from attention_reference import module_qkv, phi, single_thread  # noqa: F401
 from mech_checks import assert_one_line_error, build, gradcheck_module
-from recent_checks import check_resolutions, gated_out, grid_positions, rotate_complex, row_shares
+from recent_checks import check_formula, check_resolutions, gated_out, grid_positions, lepe_heads_ref, probs_at
+from recent_checks import rotate_complex, row_shares
 
 
 def angles_ref(layer, n):
@@ -31,11 +32,7 @@ def weights_ref(layer, q, k, eps=1e-6):
 
 
 def reference(layer, x):
-    q, k, v = module_qkv(layer, x)
-    out = weights_ref(layer, q, k)[0] @ v
-    if layer.lepe is not None:
-        out = out + dwc_ref(v, layer.lepe, layer.current_grid(v.shape[-2]), layer.num_prefix_tokens)
-    return gated_out(layer, x, out)
+    return gated_out(layer, x, lepe_heads_ref(layer, x, weights_ref))
 
 
 @pytest.mark.parametrize("prefix", [0, 1])
@@ -43,8 +40,7 @@ def reference(layer, x):
 def test_module_is_the_float64_formula(prefix, options):
     layer = build({"name": "rala", **options}, tokens=prefix + 16, prefix=prefix, qkv_bias=True).double()
     layer.token_grid = (8, 2)  # non-square: rows and columns must not be swapped
-    x = torch.randn(2, prefix + 16, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), reference(layer, x), rtol=1e-9, atol=1e-11)
+    check_formula(layer, reference, prefix + 16)
 
 
 def test_probs_are_the_weights_shares():
@@ -52,7 +48,7 @@ def test_probs_are_the_weights_shares():
     x = torch.randn(2, 17, 16, dtype=torch.float64)
     index = torch.tensor([0, 9, 16])
     expected = row_shares(weights_ref(layer, *module_qkv(layer, x)[:2])[1])[:, :, index]
-    torch.testing.assert_close(layer.probs(x, *layer.project(x)[:2], None, False, index), expected)
+    torch.testing.assert_close(probs_at(layer, x, index), expected)
 
 
 def test_gradcheck():
