@@ -19,6 +19,8 @@ from vitzoo.export import export_model
 from vitzoo.export.onnx import export_onnx
 from vitzoo.models.nonlocal_resnet import NonLocalBlock
 
+from mech_checks import tiny_vit
+
 ort = pytest.importorskip("onnxruntime", reason="ONNX tests need the test extras (pip install -e '.[test]')")
 pytest.importorskip("onnxscript", reason="the dynamo ONNX exporter needs onnxscript (pip install -e '.[test]')")
 
@@ -50,16 +52,7 @@ def build(backbone: str, attention, depth: int = 1) -> torch.nn.Module:
     """``depth``: the ViT's blocks (2 gives window attention a shifted block)."""
     torch.manual_seed(0)
     if backbone == "vit":
-        model = vitzoo.create_model(
-            "vit_tiny",
-            attention=attention,
-            img_size=32,
-            patch_size=8,
-            num_classes=5,
-            embed_dim=32,
-            depth=depth,
-            num_heads=2,
-        )
+        model = tiny_vit(attention, num_classes=5, depth=depth)
     else:
         model = vitzoo.create_model(
             "nonlocal_resnet18_cifar",

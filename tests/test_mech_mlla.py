@@ -10,7 +10,7 @@ from conftest import compose_config
 from vitzoo.training import build_classifier
 
 from attention_reference import dwc_ref, module_out, module_qkv, phi, single_thread  # noqa: F401
-from mech_checks import assert_one_line_error, build, gradcheck_module
+from mech_checks import assert_one_line_error, build, gradcheck_module, tiny_vit
 from recent_checks import check_formula, check_resolutions, grid_positions, lepe_heads_ref, probs_at, rotate_complex
 from recent_checks import row_shares
 
@@ -103,18 +103,7 @@ def block_reference(block, x):
 
 def mlla_block_vit(attention="mlla", **kwargs):
     torch.manual_seed(0)
-    return vitzoo.create_model(
-        "vit_tiny",
-        attention=attention,
-        block="mlla",
-        img_size=32,
-        patch_size=8,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-        num_classes=3,
-        **kwargs,
-    )
+    return tiny_vit(attention, block="mlla", depth=2, **kwargs)
 
 
 @pytest.mark.parametrize("px", [32, 48])
