@@ -28,6 +28,10 @@ sys.path.append(
 ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
 register_configs()  # the option schemas configs/ builds on
 QUIET = ["debug=quiet"]  # on the CPU, a log line every step, no progress bar (the tiny and digits runs include it)
+# a Lightning Trainer's arguments for a test run on the CPU that writes no logs or checkpoints and prints no bar
+QUIET_TRAINER = dict(
+    accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+)
 
 
 def compose_config(output_dir: Path, overrides: Sequence[str] = (), name: str = "train") -> DictConfig:

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitzoo
-from conftest import compose_config
+from conftest import QUIET_TRAINER, compose_config
 from vitzoo.attention import LinearAttention, LionAttention, RalaAttention, SoftmaxAttention, ZooAttention
 from vitzoo.attention.stack import block_specs, describe
 from vitzoo.export import export_model, load_exported
@@ -156,16 +156,7 @@ def test_transfer_teaches_only_the_converted_blocks(tmp_path):
     assert not any(p.requires_grad for p in student[1].parameters())
     assert any(p.requires_grad for p in student[0].parameters())
     before = {n: t.clone() for n, t in module.model.blocks[1].state_dict().items()}
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_train_batches=2,
-        limit_val_batches=1,
-    )
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, **QUIET_TRAINER)
     trainer.fit(module, datamodule=datamodule)
     after = module.model.blocks[1].state_dict()
     assert all(torch.equal(before[n], after[n]) for n in before)  # the softmax block stays the teacher's

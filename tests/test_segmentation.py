@@ -15,7 +15,7 @@ from PIL import Image
 from torchmetrics.classification import MulticlassJaccardIndex
 
 import vitzoo
-from conftest import compose_config
+from conftest import QUIET_TRAINER, compose_config
 from vitzoo.export import export_model
 from vitzoo.training import train
 from vitzoo.segmentation import (
@@ -28,10 +28,6 @@ from vitzoo.segmentation import (
     create_backbone,
     find_samples,
     make_shapes_dataset,
-)
-
-QUIET_TRAINER = dict(
-    accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
 )
 
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from test_segmentation import QUIET_TRAINER, export_dir  # noqa: F401  (the tiny linear-attention ViT export)
+from conftest import QUIET_TRAINER
+from test_segmentation import export_dir  # noqa: F401  (the tiny linear-attention ViT export)
 from vitzoo.segmentation import SegmentationDataModule, SegmentationModule, make_shapes_dataset
 from vitzoo.segmentation.losses import LOSSES, SegmentationLoss, balanced_class_weights
 

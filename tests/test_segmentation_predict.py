@@ -13,7 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from test_segmentation import QUIET_TRAINER, export_dir  # noqa: F401  (the tiny linear-attention ViT export)
+from conftest import QUIET_TRAINER
+from test_segmentation import export_dir  # noqa: F401  (the tiny linear-attention ViT export)
 from vitzoo.segmentation import (
     SegmentationDataModule,
     SegmentationModule,

@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from conftest import compose_config
+from conftest import QUIET_TRAINER, compose_config
 from vitzoo.training import build_classifier, build_run, train
 from vitzoo.training.transfer import attention_layers
 
@@ -86,14 +86,7 @@ def test_stage_1_lowers_the_transfer_loss_and_changes_only_the_attention(preset,
     before = {name: t.clone() for name, t in module.state_dict().items()}
     with torch.no_grad():
         loss_before = sum(module.transfer_losses(images).values())
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = L.Trainer(max_epochs=2, **QUIET_TRAINER)
     trainer.fit(module, datamodule=datamodule)  # 8 steps
     after = module.state_dict()
     with torch.no_grad():
