@@ -22,7 +22,7 @@ from vitzoo.segmentation import (
     predict,
     sliding_window_probs,
 )
-from vitzoo.segmentation.thin import make_thin_dataset
+from vitzoo.segmentation.thin import make_thin_dataset, thin_data_options
 
 
 @pytest.fixture(scope="module")
@@ -30,19 +30,12 @@ def checkpoint(export_dir, tmp_path_factory) -> Path:  # noqa: F811
     """A --config-name segment style checkpoint: simple_fpn, ce+dice, balanced weights, two training steps."""
     tmp_path = tmp_path_factory.mktemp("seg")
     root = make_thin_dataset(tmp_path / "thin", n=5, size=64, seed=0)
-    dm = SegmentationDataModule(
-        str(root),
-        num_classes=2,
-        class_names=["interior", "wall"],
-        img_size=32,
-        batch_size=4,
-        num_workers=0,
-        mask_values={0: 1, 255: 0},
-    )
+    thin = thin_data_options()
+    dm = SegmentationDataModule(str(root), img_size=32, batch_size=4, num_workers=0, **thin)
     module = SegmentationModule(
         str(export_dir),
-        2,
-        class_names=["interior", "wall"],
+        thin["num_classes"],
+        class_names=thin["class_names"],
         decoder_channels=16,
         neck="simple_fpn",
         loss="ce+dice",

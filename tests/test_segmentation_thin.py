@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from vitzoo.segmentation import SegmentationDataModule
-from vitzoo.segmentation.thin import WALL, main, make_thin_dataset
+from vitzoo.segmentation.thin import WALL, main, make_thin_dataset, thin_data_options
 
 
 def _walls(root):
@@ -41,15 +41,7 @@ def test_the_same_seed_writes_the_same_files(tmp_path):
 
 def test_the_folder_loads_through_the_segmentation_data_module(tmp_path):
     root = make_thin_dataset(tmp_path / "thin", n=5, size=96, seed=2)
-    dm = SegmentationDataModule(
-        str(root),
-        num_classes=2,
-        class_names=["interior", "wall"],
-        img_size=64,
-        batch_size=2,
-        num_workers=0,
-        mask_values={0: 1, 255: 0},
-    )
+    dm = SegmentationDataModule(str(root), img_size=64, batch_size=2, num_workers=0, **thin_data_options())
     dm.setup()
     interior, wall, ignored = dm.class_pixels["train"]
     expected = sum(w.sum() for w in _walls(root)) - dm.class_pixels["val"][1]

@@ -13,15 +13,22 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 from PIL import Image
 
-__all__ = ["thin_sample", "make_thin_dataset", "main"]
+__all__ = ["thin_sample", "make_thin_dataset", "thin_data_options", "main"]
 
 WALL, INTERIOR = 0, 255  # mask values: ISBI-2012's convention
+
+
+def thin_data_options() -> Dict[str, Any]:
+    """The ``SegmentationDataModule`` options that read a thin folder: two classes, interior (0) and wall (1, the
+    object), from the mask values ``INTERIOR`` and ``WALL`` (what ``data.mask_values='{0: 1, 255: 0}'`` says in a
+    config)."""
+    return {"num_classes": 2, "class_names": ["interior", "wall"], "mask_values": {WALL: 1, INTERIOR: 0}}
 
 
 def _smooth_noise(rng: np.random.Generator, size: int, cells: int) -> np.ndarray:
