@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping
 
-__all__ = ["model_card", "render_card", "LICENSE"]
+from vitzoo.models.default_cfg import LICENSE  # the repository's LICENSE, declared by every export
 
-LICENSE = "apache-2.0"  # the repository's LICENSE, declared by every export
+__all__ = ["model_card", "render_card", "LICENSE"]
 
 
 def _mechanism(spec: Any) -> str:

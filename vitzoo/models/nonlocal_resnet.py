@@ -14,6 +14,7 @@ from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 from vitzoo.attention import AttentionSpec, resolve_attention
 from vitzoo.attention.stack import block_specs
 from vitzoo.attention.base import share_grid
+from .default_cfg import CIFAR_MEAN, CIFAR_STD, ZOO_CFG
 from .local_dir import verify_local_dir
 
 __all__ = ["NonLocalBlock", "NonLocalResNet"]
@@ -128,9 +129,7 @@ def _create(variant: str, pretrained: bool, block, layers, **kwargs):
 
 def _cfg(**kwargs):
     return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
+        **ZOO_CFG,
         "pool_size": (7, 7),
         "crop_pct": 0.875,
         "interpolation": "bilinear",
@@ -138,7 +137,6 @@ def _cfg(**kwargs):
         "std": (0.229, 0.224, 0.225),
         "first_conv": "conv1",
         "classifier": "fc",
-        "license": "apache-2.0",
         **kwargs,
     }
 
@@ -148,12 +146,7 @@ default_cfgs = generate_default_cfgs(
         "nonlocal_resnet18": _cfg(),
         "nonlocal_resnet50": _cfg(),
         "nonlocal_resnet18_cifar": _cfg(
-            num_classes=10,
-            input_size=(3, 32, 32),
-            pool_size=(4, 4),
-            crop_pct=1.0,
-            mean=(0.4914, 0.4822, 0.4465),
-            std=(0.2470, 0.2435, 0.2616),
+            num_classes=10, input_size=(3, 32, 32), pool_size=(4, 4), crop_pct=1.0, mean=CIFAR_MEAN, std=CIFAR_STD
         ),
     }
 )

@@ -15,14 +15,13 @@ from vitzoo.attention.base import share_grid
 from vitzoo.attention.stack import block_specs, is_stack, per_block
 from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX exporter lacks)
 from .blocks import BLOCKS
+from .default_cfg import CIFAR_MEAN, CIFAR_STD, ZOO_CFG
 from .local_dir import verify_local_dir
 from .variable_size import forward_padded, pool_padded
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
 
 torch.fx.wrap(share_grid)  # a leaf when torch.fx traces this module's code too
-
-CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 class ZooVisionTransformer(VisionTransformer):
@@ -137,9 +136,7 @@ def _create_vit(
 
 def _cfg(**kwargs):
     return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
+        **ZOO_CFG,
         "pool_size": None,
         "crop_pct": 0.9,
         "interpolation": "bicubic",
@@ -148,7 +145,6 @@ def _cfg(**kwargs):
         "std": (0.5, 0.5, 0.5),
         "first_conv": "patch_embed.proj",
         "classifier": "head",
-        "license": "apache-2.0",
         **kwargs,
     }
 
