@@ -46,7 +46,7 @@ BUDGETS = {
         "zoo_cpu",
         dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0, drop_path_rate=0.0),
         dict(channels=[16, 32, 64, 128], stem_width=16),
-        seeds={p: (0, 1) for p in ("vit_softmax", "vit_linear", "vit_softmax_rope", "vit_softmax_rope_logn")},
+        seeds={p: (0, 1) for p in ("vit_softmax", "vit_linear", "vit_softmax_rope")},
         eval_images=2000,
     ),
     # ViT-Tiny width (5.4M parameters at mlp_ratio 4), 50 epochs, one seed; a full-width ResNet-18.
