@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from dataclasses import asdict
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 from PIL import Image
 from timm.data import create_transform, resolve_data_config
+from timm.data.random_erasing import RandomErasing
 from timm.models import get_pretrained_cfg
 
-from conftest import compose_config, write_image_folder
-from vitzoo.data import ImageFolderDataModule, SyntheticDataModule
-from vitzoo.data.recipes import DEIT_AUG, build_recipe, source_pretrained_cfg
+from conftest import compose_config, run_python, write_image_folder
+from vitzoo.data import DigitsDataModule, ImageFolderDataModule, SyntheticDataModule, build_train_transform
+from vitzoo.data.recipes import DEIT_AUG, build_recipe, recipe_aug, source_pretrained_cfg
 from vitzoo.data.sampling import EpochSampler, RepeatAugEpochSampler
+from vitzoo.options import CifarAugOptions
 from vitzoo.training import ImageClassifier, build_run, scaled_lr, train
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -104,10 +109,7 @@ def test_deit_eval_transform_is_timms_for_the_same_pretrained_cfg(tmp_path, crop
             (root / split / name).mkdir(parents=True)
             Image.fromarray(_photo(300, 260, seed=len(name))).save(root / split / name / "0.jpg", quality=90)
     cfg = get_pretrained_cfg("deit_tiny_patch16_224.fb_in1k").to_dict()
-    # aug=None: DEIT_AUG as it is (the folder options' aug is the cifar recipe's, as experiment=imagenet_deit sets)
-    dm = ImageFolderDataModule(
-        str(root), img_size=224, recipe="deit", aug=None, crop_pct=crop_pct, num_workers=0, batch_size=1
-    )
+    dm = ImageFolderDataModule(str(root), img_size=224, recipe="deit", crop_pct=crop_pct, num_workers=0, batch_size=1)
     dm.pretrained_cfg = cfg
     dm.setup("validate")
     args = {} if crop_pct is None else {"crop_pct": crop_pct}
@@ -247,3 +249,113 @@ def test_imagenet_deit_trains_on_the_cpu(tmp_path):
         )
     )
     assert metrics["global_step"] == 3 and math.isfinite(metrics["train/loss_epoch"]), metrics
+
+
+def _repr(transform) -> str:
+    """A transform's repr without object addresses (timm's reprs name some callables)."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(transform))
+
+
+def _erasing(transform) -> float:
+    """The random-erasing probability of a deit training transform."""
+    (erasing,) = [t for t in transform.transform.transforms if isinstance(t, RandomErasing)]
+    return erasing.probability
+
+
+def test_the_folder_data_takes_the_chosen_recipes_defaults(tmp_path):
+    """data.aug is the chosen recipe's training options over its defaults: an image folder that leaves it out
+    builds DeiT's transform with data.recipe=deit and the cifar recipe's defaults (CifarAugOptions) without, from
+    Python as from data=imagefolder (and eval.py's documented data=imagefolder data.recipe=deit)."""
+    root = write_image_folder(tmp_path / "data", per_class=2, size=(40, 30), suffix=".jpg")
+    deit = _repr(build_recipe("deit", 32, MEAN, STD, aug=DEIT_AUG).train)
+    python = ImageFolderDataModule(str(root), img_size=32, recipe="deit")
+    assert python.aug == {} and _repr(python.build_recipe().train) == deit and "RandAugment" in deit
+    for name in ("train", "eval"):
+        cfg = compose_config(
+            tmp_path / name,
+            [*(["ckpt_path=x"] if name == "eval" else []), "data=imagefolder", f"data.root={root}", "data.recipe=deit"],
+            name=name,
+        )
+        assert _repr(instantiate(cfg.data, img_size=32).build_recipe().train) == deit, name
+    cifar = build_train_transform(32, MEAN, STD, **asdict(CifarAugOptions()))
+    assert repr(ImageFolderDataModule(str(root), img_size=32).build_recipe().train) == repr(cifar)
+    # a data set's own aug belongs to its own recipe (digits: the cifar recipe's, unmirrored); another starts afresh
+    assert DigitsDataModule(recipe="deit").aug == {} and DigitsDataModule(recipe="cifar").aug["hflip"] is False
+
+
+@pytest.mark.parametrize("experiment", [["experiment=imagenet_deit"], ["data=imagefolder", "data.recipe=deit"]])
+def test_one_deit_option_from_the_command_line_reaches_the_transform(tmp_path, experiment):
+    """docs/imagenet.md's +data.aug.re_prob=0.1: that key over DEIT_AUG, the others as they are."""
+    root = write_image_folder(tmp_path / "data", per_class=2, size=(40, 30), suffix=".jpg")
+    cfg = compose_config(
+        tmp_path / "run", [*experiment, f"data.root={root}", "data.img_size=32", "+data.aug.re_prob=0.1"]
+    )
+    dm = instantiate(cfg.data)
+    assert dm.aug == {"re_prob": 0.1} and recipe_aug("deit", dm.aug) == {**DEIT_AUG, "re_prob": 0.1}
+    assert _erasing(dm.build_recipe().train) == 0.1 and _erasing(build_recipe("deit", 32, MEAN, STD).train) == 0.25
+
+
+def test_a_cifar_option_from_the_command_line_reaches_the_transform(tmp_path):
+    """docs/robustness.md's data.aug.gauss_noise=0.1 (no +: the cifar-only data configs list every option)."""
+    cfg = compose_config(tmp_path, ["data.aug.gauss_noise=0.1", "data.aug.gauss_noise_p=0.5"])
+    assert "GaussNoise" in repr(instantiate(cfg.data).build_recipe().train)
+
+
+@pytest.mark.parametrize(
+    "module, key, recipe",
+    [
+        (ImageFolderDataModule, "re_prb", "deit"),
+        (ImageFolderDataModule, "polcy", "cifar"),
+        (DigitsDataModule, "hlfip", "cifar"),
+    ],
+)
+def test_a_mistyped_aug_option_is_one_line_naming_the_recipes_options(tmp_path, module, key, recipe):
+    root = write_image_folder(tmp_path / "data", per_class=2, size=(8, 8))
+    arguments = dict(root=str(root), recipe=recipe) if module is ImageFolderDataModule else {}
+    with pytest.raises(ValueError) as err:
+        module(**arguments, aug={key: 1})
+    valid = sorted(DEIT_AUG if recipe == "deit" else asdict(CifarAugOptions()))
+    assert str(err.value) == f"data.aug (data.recipe={recipe}) has no option(s) [{key!r}]; valid options: {valid}"
+
+
+def test_a_mistyped_deit_option_on_the_command_line_is_one_line(tmp_path):
+    root = write_image_folder(tmp_path / "data", per_class=2, size=(8, 8))
+    proc = run_python(
+        "train.py",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.recipe=deit",
+        "+data.aug.re_prb=0.1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"error: data.aug (data.recipe=deit) has no option(s) ['re_prb']; valid options: {sorted(DEIT_AUG)}"
+    ], proc.stderr
+
+
+_BASIC = dict(policy="basic", crop_padding=4, hflip=True, gauss_noise=0.0, gauss_noise_p=0.5)
+
+
+@pytest.mark.parametrize(
+    "overrides, options",
+    [
+        (["data=digits"], {**_BASIC, "crop_padding": 2, "hflip": False}),
+        (["data=synthetic"], {**_BASIC, "policy": "none"}),
+        (["data=cifar10"], _BASIC),
+        (["data=cifar100"], _BASIC),
+        (["experiment=cifar10"], {**_BASIC, "policy": "strong"}),
+        (["data=imagefolder"], _BASIC),
+        (["experiment=zoo_cpu"], _BASIC),
+        (["experiment=zoo_gpu"], _BASIC),  # the device path's crop and flip read the same options
+    ],
+)
+def test_the_cifar_recipe_configs_build_the_transforms_they_always_did(tmp_path, overrides, options):
+    """The cifar recipe's options each config ran with before data.aug's default became the chosen recipe's
+    (written out here, not read from CifarAugOptions), and the very transform they give."""
+    root = write_image_folder(tmp_path / "data", per_class=2, size=(8, 8))
+    folder = any("imagefolder" in o or "zoo" in o for o in overrides)
+    cfg = compose_config(tmp_path / "run", [*overrides, *([f"data.root={root}"] if folder else [])])
+    dm = instantiate(cfg.data)
+    assert dm.recipe == "cifar" and recipe_aug(dm.recipe, dm.aug) == options
+    expected = build_train_transform(dm.img_size, dm.mean, dm.std, **options)
+    assert repr(dm.build_recipe().train) == repr(expected)

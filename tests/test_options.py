@@ -100,6 +100,40 @@ def test_a_data_module_built_in_python_equals_the_one_its_config_builds(tmp_path
     assert plain.eval_batch_size == (options.eval_batch_size or options.batch_size)
 
 
+def _segmentation_data_configs():
+    """(config name, schema name) of every top-level config whose data node is built on a schema (--config-name
+    segment, segment_shapes): the last schema its defaults list names for data."""
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults", [])
+        schemas = [e for e in defaults if isinstance(e, str) and e.startswith("/schema/") and e.endswith("@data")]
+        if schemas:
+            yield path.stem, schemas[-1].removeprefix("/schema/").removesuffix("@data")
+
+
+def _plain(value):
+    return json.loads(json.dumps(value, default=str))  # tuples as lists, paths as strings
+
+
+@pytest.mark.parametrize("name, schema", list(_segmentation_data_configs()))
+def test_a_segmentation_data_module_built_in_python_equals_the_one_its_config_builds(tmp_path, name, schema):
+    """As for the image data: the class's options dataclass (its config's schema) gives the Python defaults, so the
+    module built with the required arguments alone is the one --config-name <name> builds, and the hyperparameters
+    a checkpoint keeps are the resolved values (never DEFAULT)."""
+    cfg = compose_config(tmp_path, [f"data.root={tmp_path / 'data'}", "data.num_classes=4", "module.backbone=x"], name)
+    cls = get_class(cfg.data._target_)
+    built, plain = instantiate(cfg.data), cls(root=str(tmp_path / "data"), num_classes=4)
+    assert type(built) is cls and cls.options is SCHEMAS[schema]
+    hyper = {"_hparams", "_hparams_initial", "labels"}  # compared below: tuples vs lists, a LabelMap without __eq__
+    assert {k: v for k, v in vars(plain).items() if k not in hyper} == {
+        k: v for k, v in vars(built).items() if k not in hyper
+    }
+    assert vars(plain.labels) == vars(built.labels)
+    assert _plain(dict(plain.hparams)) == _plain(dict(built.hparams))
+    options = cls.options()
+    assert {k: _plain(plain.hparams[k]) for k in cls.defaults()} == _plain(dataclasses.asdict(options))
+    assert (plain.batch_size, plain.rescale, plain.seed) == (options.batch_size, tuple(options.rescale), options.seed)
+
+
 def test_a_data_module_takes_the_arguments_given_and_fresh_defaults():
     from vitzoo.data import DigitsDataModule, SyntheticDataModule
 

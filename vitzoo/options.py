@@ -6,13 +6,14 @@ Hydra's ConfigStore as the schemas the YAML groups of configs/ build on (``schem
 what differs from them. This module imports nothing but the standard library (Hydra inside
 :func:`register_configs`), so the entry points load it before torch; it also holds the one rule for option
 mappings (attention specs, ``data.aug``...): a key the code does not know is a one-line error naming it and the
-valid ones, never silently dropped.
+valid ones, never silently dropped; and the one rule for the defaults of a class's option arguments: an argument
+left out (:data:`DEFAULT`) takes its value in the class's options dataclass (:class:`TakesOptions`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 __all__ = [
     "OptimOptions",
@@ -38,7 +39,43 @@ __all__ = [
     "register_configs",
     "reject_unknown",
     "split_spec",
+    "DEFAULT",
+    "TakesOptions",
+    "SHAPE_CLASSES",
 ]
+
+
+class _Default:
+    """The default of every option argument of a :class:`TakesOptions` class: "left out", which
+    :meth:`TakesOptions.resolve` replaces with the value of the class's options dataclass."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()  # typed Any, so that `batch_size: int = DEFAULT` keeps the argument's own type
+
+
+class TakesOptions:
+    """A class (the data modules) whose option arguments default to ``DEFAULT``: an argument left out takes its
+    value in ``options``, the dataclass below that its config is built on, so the class built in Python with the
+    required arguments alone is the one its config builds, and the values are written in one place."""
+
+    options: ClassVar[Type[Any]]  # the dataclass holding the values of the arguments left out
+
+    @classmethod
+    def defaults(cls) -> Dict[str, Any]:
+        """Each option's value when the caller leaves it out: the fields of ``cls.options`` (a fresh instance, so a
+        mapping or a list is the caller's own)."""
+        options = cls.options()
+        return {f.name: getattr(options, f.name) for f in fields(options)}
+
+    @classmethod
+    def resolve(cls, **arguments: Any) -> Dict[str, Any]:
+        """``arguments`` (in their order) with every one left out (``DEFAULT``) at its value in :meth:`defaults`;
+        the one rule by which these classes fill their options."""
+        defaults = cls.defaults()
+        return {name: defaults[name] if value is DEFAULT else value for name, value in arguments.items()}
 
 
 def reject_unknown(owner: str, given: Collection[str], valid: Collection[str]) -> None:
@@ -108,8 +145,9 @@ class ClassifierOptions:
 
 @dataclass
 class CifarAugOptions:
-    """The cifar recipe's training augmentation (:func:`~vitzoo.data.transforms.build_train_transform`), ``data.aug``
-    of the data configs that use it (``data.aug`` is a mapping: the deit recipe takes timm's keys there)."""
+    """The cifar recipe's training augmentation and its defaults, the one place they are written
+    (:func:`~vitzoo.data.transforms.build_train_transform` and the device path take them from here); ``data.aug``
+    holds them over these defaults when ``data.recipe=cifar`` (the deit recipe takes timm's keys there)."""
 
     policy: str = "basic"  # none | basic (pad-crop, flip) | strong (basic + affine, colour jitter, one cut-out)
     crop_padding: int = 4
@@ -118,8 +156,12 @@ class CifarAugOptions:
     gauss_noise_p: float = 0.5
 
 
-def _basic_aug() -> Dict[str, Any]:
-    return asdict(CifarAugOptions())
+def _cifar_aug(**values: Any) -> Any:
+    """The ``aug`` default of a data set that runs the cifar recipe only (no ``recipe`` option): every option of
+    :class:`CifarAugOptions` at its default but ``values``, listed so that ``data.aug.<key>=...`` sets one on the
+    command line. A data set whose recipe is chosen (``data.recipe``) defaults to ``aug: None``, the chosen recipe's
+    defaults, as the keys depend on the recipe (``+data.aug.<key>=...`` adds one)."""
+    return field(default_factory=lambda: asdict(CifarAugOptions(**values)))
 
 
 @dataclass
@@ -132,7 +174,9 @@ class ImageDataOptions:
     eval_batch_size: Optional[int] = None  # None = batch_size
     num_workers: Any = "auto"  # auto = one per usable CPU beyond the main process (0 on one CPU), at most 8
     device_cache: Optional[bool] = None  # decode once, augment batches on the device; None = on for CUDA <= 64 px
-    aug: Any = None  # the recipe's training options over its defaults (cifar: CifarAugOptions; deit: DEIT_AUG's)
+    # the chosen recipe's training options over its defaults, None = the defaults (cifar: CifarAugOptions; deit:
+    # vitzoo.data.recipes.DEIT_AUG); a key the recipe lacks is a one-line error naming its keys
+    aug: Any = None
 
 
 @dataclass
@@ -145,7 +189,7 @@ class DigitsDataOptions(ImageDataOptions):
     batch_size: int = 32
     eval_batch_size: Optional[int] = 256
     num_workers: Any = 0  # the whole set is in memory; workers only add start-up time
-    aug: Any = field(default_factory=lambda: {**_basic_aug(), "crop_padding": 2, "hflip": False})  # not mirrored
+    aug: Any = _cifar_aug(crop_padding=2, hflip=False)  # digits are not mirrored
 
 
 @dataclass
@@ -157,16 +201,15 @@ class SyntheticDataOptions(ImageDataOptions):
     num_val: int = 256
     seed: int = 0
     num_workers: Any = 0
-    aug: Any = field(default_factory=lambda: {"policy": "none"})
+    aug: Any = _cifar_aug(policy="none")
 
 
 @dataclass
 class StoredDataOptions(ImageDataOptions):
-    """Data sets read from disk: pinned host memory, larger evaluation batches, the cifar recipe's basic policy."""
+    """Data sets read from disk: pinned host memory, larger evaluation batches."""
 
     eval_batch_size: Optional[int] = 512
     pin_memory: bool = True
-    aug: Any = field(default_factory=_basic_aug)
 
 
 @dataclass
@@ -174,6 +217,7 @@ class CIFARDataOptions(StoredDataOptions):
     """``data=cifar10`` and ``data=cifar100`` (:class:`~vitzoo.data.CIFAR10DataModule`; val = the test set)."""
 
     download: bool = True
+    aug: Any = _cifar_aug()
 
 
 @dataclass
@@ -189,6 +233,7 @@ class FolderDataOptions(StoredDataOptions):
     crop_pct: Optional[float] = None  # deit eval: resize to img_size / crop_pct, center crop; None = pretrained_cfg
     interpolation: Optional[str] = None  # deit: None = the model's pretrained_cfg
     repeated_aug: int = 1  # each training image this many times per epoch, over the DDP ranks (DeiT: 3)
+    aug: Any = None  # the chosen recipe's defaults, whichever it is; +data.aug.<key>=... sets one of its options
 
 
 @dataclass
@@ -208,7 +253,6 @@ class ShardsDataOptions(FolderDataOptions):
     cache_dir: Optional[str] = None  # where litdata keeps the chunks of a remote root (None = litdata's default)
     img_size: Optional[int] = 224
     recipe: str = "deit"
-    aug: Any = None  # deit: over vitzoo.data.recipes.DEIT_AUG
     eval_batch_size: Optional[int] = 256
 
 
@@ -296,13 +340,21 @@ class SegmentationDataOptions:
     seed: int = 0
 
 
+SHAPE_CLASSES = ("background", "rectangle", "ellipse", "triangle")  # the shapes set's classes, by mask value
+
+
 @dataclass
 class ShapesDataOptions(SegmentationDataOptions):
     """The generated shapes set's (:class:`~vitzoo.segmentation.ShapesDataModule`, ``--config-name
-    segment_shapes``), written to its root on first use."""
+    segment_shapes``), written to its root on first use, and the values it runs with."""
 
     num_images: int = 200
+    num_classes: int = len(SHAPE_CLASSES)  # the set's own; another value is an error
+    class_names: Optional[List[str]] = field(default_factory=lambda: list(SHAPE_CLASSES))
     img_size: Any = 64
+    rescale: Tuple[float, float] = (1.0, 1.0)  # the shapes fill the images; validation windows see them at this scale
+    batch_size: int = 16
+    num_workers: Any = 0
 
 
 @dataclass

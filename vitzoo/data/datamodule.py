@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, Union
@@ -16,14 +15,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vitzoo.options import CifarAugOptions, FolderDataOptions, ImageDataOptions
+from vitzoo.options import DEFAULT, FolderDataOptions, ImageDataOptions, TakesOptions
 
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
 from .images import Images, read_rgb
 from .native import collate_native, native_transform
-from .recipes import build_recipe, check_recipe
+from .recipes import build_recipe, recipe_aug
 from .sampling import EpochSampler, RepeatAugEpochSampler, ResumableLoader, sample_seed
-from .transforms import CROP_PADDING, HFLIP, seed_worker
+from .transforms import seed_worker
 from .workers import resolve_num_workers
 
 __all__ = ["ImageDataset", "ImageDataModule", "read_rgb", "DEVICE_CACHE_MAX_SIZE", "DEFAULT"]
@@ -33,24 +32,10 @@ log = logging.getLogger(__name__)
 DEVICE_CACHE_MAX_SIZE = 64  # device_cache=null turns the device path on for CUDA runs up to this img_size
 
 
-class _Default:
-    """The default of every option argument of the data modules: "left out", which
-    :meth:`ImageDataModule.resolve` replaces with the value of the module's options dataclass."""
-
-    def __repr__(self) -> str:
-        return "DEFAULT"
-
-
-DEFAULT: Any = _Default()  # typed Any, so that `batch_size: int = DEFAULT` keeps the argument's own type
-
 # What an option left out takes where the module's options dataclass has no such field (so its config cannot set it
 # either): the folder options' values (the cifar recipe, no repeated augmentation, no native resolution), unpinned
 # host memory and mid-grey statistics.
 _BASE_OPTIONS = FolderDataOptions(pin_memory=False, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-
-
-def _values(options: Any) -> Dict[str, Any]:
-    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 class ImageDataset(Dataset):
@@ -83,15 +68,16 @@ class ImageDataset(Dataset):
         return self.transform(image=image)["image"], int(self.labels[index])
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(TakesOptions, L.LightningDataModule):
     """Base class: a subclass sets ``num_classes`` and implements :meth:`load_split`.
 
     ``batch_size`` is per device (per process under DDP). ``recipe`` picks the transforms
-    (:func:`~vitzoo.data.recipes.build_recipe`): ``cifar`` (``aug`` holds the keyword arguments of
-    :func:`~vitzoo.data.transforms.build_train_transform`: policy, crop_padding, hflip, gauss_noise, gauss_noise_p)
-    or ``deit`` (``aug`` overrides :data:`~vitzoo.data.recipes.DEIT_AUG`; evaluation resizes to
-    ``img_size / crop_pct`` and center-crops, ``crop_pct`` and ``interpolation`` left null coming from
-    ``pretrained_cfg``, which train.py sets to the model's). ``repeated_aug`` > 1: each training image
+    (:func:`~vitzoo.data.recipes.build_recipe`), and ``aug`` holds the chosen recipe's training options over its
+    defaults (``None``: the defaults; :func:`~vitzoo.data.recipes.recipe_aug`): ``cifar`` (the keyword arguments of
+    :func:`~vitzoo.data.transforms.build_train_transform`: policy, crop_padding, hflip, gauss_noise, gauss_noise_p,
+    defaults :class:`~vitzoo.options.CifarAugOptions`) or ``deit`` (over :data:`~vitzoo.data.recipes.DEIT_AUG`;
+    evaluation resizes to ``img_size / crop_pct`` and center-crops, ``crop_pct`` and ``interpolation`` left null
+    coming from ``pretrained_cfg``, which train.py sets to the model's). ``repeated_aug`` > 1: each training image
     appears that many times per epoch spread over the DDP ranks, each time augmented afresh (timm's
     ``RepeatAugSampler``, DeiT's repeated augmentation; one process draws plainly).
     ``num_workers``: an int or ``auto`` (sized from the usable CPUs, see
@@ -106,7 +92,8 @@ class ImageDataModule(L.LightningDataModule):
     The options' defaults: an argument left out (``DEFAULT``) takes its value in the class's ``options``, the
     dataclass of :mod:`vitzoo.options` that its ``data=`` config is built on (e.g.
     :class:`~vitzoo.options.DigitsDataOptions`), so ``DigitsDataModule()`` is the module ``data=digits`` builds
-    (:meth:`resolve`; an option that dataclass lacks takes the base's value, which the config runs with too).
+    (:meth:`~vitzoo.options.TakesOptions.resolve`; an option that dataclass lacks takes the base's value, which the
+    config runs with too). ``aug`` left out with a ``recipe`` other than the dataclass's is that recipe's defaults.
     """
 
     num_classes: int
@@ -115,16 +102,8 @@ class ImageDataModule(L.LightningDataModule):
 
     @classmethod
     def defaults(cls) -> Dict[str, Any]:
-        """Each option's value when the caller leaves it out: the fields of ``cls.options`` (a fresh instance, so a
-        mapping such as ``aug`` is the caller's own), over the base's values of the options that dataclass lacks."""
-        return {**_values(_BASE_OPTIONS), **_values(cls.options())}
-
-    @classmethod
-    def resolve(cls, **arguments: Any) -> Dict[str, Any]:
-        """``arguments`` (in their order) with every one left out (``DEFAULT``) at its value in :meth:`defaults`;
-        the one rule by which the base and each data module fill their options."""
-        defaults = cls.defaults()
-        return {name: defaults[name] if value is DEFAULT else value for name, value in arguments.items()}
+        """:meth:`TakesOptions.defaults` over the base's values of the options ``cls.options`` lacks."""
+        return {**vars(_BASE_OPTIONS), **super().defaults()}
 
     def __init__(
         self,
@@ -145,6 +124,8 @@ class ImageDataModule(L.LightningDataModule):
         native_multiple: int = DEFAULT,
     ):
         super().__init__()
+        if aug is DEFAULT and recipe not in (DEFAULT, self.defaults()["recipe"]):
+            aug = None  # the options' aug belongs to their recipe: another one starts at its own defaults
         (
             img_size,
             batch_size,
@@ -184,7 +165,7 @@ class ImageDataModule(L.LightningDataModule):
         self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         self.aug = dict(aug or {})
         self.pin_memory = pin_memory
-        check_recipe(recipe)
+        recipe_aug(recipe, self.aug)  # checked now, each in one line: the recipe's name, the keys of data.aug
         self.recipe, self.crop_pct, self.interpolation = recipe, crop_pct, interpolation
         if isinstance(repeated_aug, bool) or not isinstance(repeated_aug, int) or repeated_aug < 1:
             raise ValueError(f"data.repeated_aug={repeated_aug!r}; give an integer >= 1 (1 = off, DeiT uses 3)")
@@ -198,7 +179,7 @@ class ImageDataModule(L.LightningDataModule):
                 f"data.recipe={recipe} set data.device_cache=false"
             )
         if device_cache:
-            check_device_aug(self.aug)
+            check_device_aug(recipe_aug(recipe, self.aug))
             if isinstance(num_workers, int) and num_workers > 0:
                 log.warning(
                     "data.num_workers=%d is not used: the device path (data.device_cache=true) needs no "
@@ -251,7 +232,7 @@ class ImageDataModule(L.LightningDataModule):
         if self.recipe != "cifar" or self._device().type != "cuda" or self.img_size > DEVICE_CACHE_MAX_SIZE:
             return False
         try:
-            check_device_aug(self.aug)
+            check_device_aug(recipe_aug(self.recipe, self.aug))
         except ValueError as err:
             log.info("data.device_cache=null: using the albumentations path, as %s", err)
             return False
@@ -318,9 +299,10 @@ class ImageDataModule(L.LightningDataModule):
         images, labels = self.device_splits["train" if train else "val"]
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        augment = self.aug.get("policy", CifarAugOptions.policy) != "none"
-        crop = self.aug.get("crop_padding", CROP_PADDING) if augment else 0
-        hflip = self.aug.get("hflip", HFLIP) and augment
+        aug = recipe_aug(self.recipe, self.aug)  # the cifar recipe's: the device path implements no other
+        augment = aug["policy"] != "none"
+        crop = aug["crop_padding"] if augment else 0
+        hflip = aug["hflip"] and augment
         return DeviceBatches(
             images,
             labels,

@@ -14,29 +14,27 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterator, Sequence, Tuple, Union
+from typing import Any, Iterator, Mapping, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitzoo.options import CifarAugOptions
-
 from .images import Images, read_rgb
 
 __all__ = ["decode_split", "load_or_build_cache", "DeviceBatches", "check_device_aug"]
 
 
-def check_device_aug(aug: dict) -> None:
-    """A clear error for augmentation options the device path does not implement."""
-    policy = aug.get("policy", CifarAugOptions.policy)
-    if policy == "strong":
+def check_device_aug(aug: Mapping[str, Any]) -> None:
+    """A clear error for augmentation options the device path does not implement; ``aug``: every option of the
+    cifar recipe (:func:`~vitzoo.data.recipes.recipe_aug`)."""
+    if aug["policy"] == "strong":
         raise ValueError(
             "data.aug.policy=strong (affine, colour jitter, cut-out) runs only in the albumentations "
             "path; set data.device_cache=false, or data.aug.policy=basic (mixup/cutmix still apply)"
         )
-    if aug.get("gauss_noise", 0.0) > 0:
+    if aug["gauss_noise"] > 0:
         raise ValueError(
             "data.aug.gauss_noise runs only in the albumentations path; set data.device_cache=false "
             "or data.aug.gauss_noise=0"

@@ -3,7 +3,9 @@
 model's ``pretrained_cfg`` describes).
 
 A recipe gives a data module three things: how an image file is read, the training transform and the eval
-transform; ``data.aug`` holds the training transform's options of the chosen recipe (``DEIT_AUG`` for ``deit``).
+transform. ``data.aug`` holds the chosen recipe's training options over its defaults (:func:`recipe_aug`, the one
+place that rule is applied): ``None`` or a missing key takes the recipe's default (``cifar``:
+:class:`~vitzoo.options.CifarAugOptions`; ``deit``: ``DEIT_AUG``), a key the recipe lacks is a one-line error.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 import io
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ from timm.data import create_transform, resolve_data_config
 from timm.data.auto_augment import AugmentOp
 from timm.models import get_pretrained_cfg
 
-from vitzoo.options import reject_unknown
+from vitzoo.options import CifarAugOptions, reject_unknown
 
 from .images import decode_rgb, read_rgb
 from .transforms import build_eval_transform, build_train_transform
@@ -32,6 +34,8 @@ __all__ = [
     "DEIT_AUG",
     "Recipe",
     "check_recipe",
+    "recipe_defaults",
+    "recipe_aug",
     "build_recipe",
     "SeededTransform",
     "read_pil",
@@ -126,6 +130,20 @@ def check_recipe(name: str) -> None:
         raise ValueError(f"data.recipe={name!r} is not a recipe; set data.recipe to one of {list(RECIPES)}")
 
 
+def recipe_defaults(name: str) -> Dict[str, Any]:
+    """The training options of recipe ``name`` at their defaults (a fresh mapping)."""
+    check_recipe(name)
+    return asdict(CifarAugOptions()) if name == "cifar" else dict(DEIT_AUG)
+
+
+def recipe_aug(name: str, aug: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Every training option of recipe ``name``: ``aug`` (``data.aug``) over :func:`recipe_defaults`; ``None`` or
+    ``{}`` = the defaults. A key the recipe lacks is a ``ValueError`` naming the recipe's keys."""
+    defaults, aug = recipe_defaults(name), dict(aug or {})
+    reject_unknown(f"data.aug (data.recipe={name})", aug, defaults)
+    return {**defaults, **aug}
+
+
 @dataclass
 class Recipe:
     """What a data module reads and applies: ``read`` (path -> image), ``decode`` (a file's bytes -> image),
@@ -149,14 +167,13 @@ def build_recipe(
 ) -> Recipe:
     """The recipe ``name`` at ``img_size`` px.
 
-    ``cifar``: ``aug`` = :func:`~vitzoo.data.build_train_transform`'s options; evaluation squashes to
-    ``img_size`` square. ``deit``: ``aug`` overrides ``DEIT_AUG`` (timm ``create_transform`` arguments);
-    evaluation is timm's: resize the short side to ``img_size / crop_pct`` and center-crop ``img_size``, with
-    ``crop_pct`` and ``interpolation`` from the arguments, else ``pretrained_cfg``, else timm's defaults
-    (``resolve_data_config``).
+    ``aug`` holds the recipe's training options over its defaults (:func:`recipe_aug`). ``cifar``: the options of
+    :func:`~vitzoo.data.build_train_transform`; evaluation squashes to ``img_size`` square. ``deit``: timm
+    ``create_transform`` arguments over ``DEIT_AUG``; evaluation is timm's: resize the short side to
+    ``img_size / crop_pct`` and center-crop ``img_size``, with ``crop_pct`` and ``interpolation`` from the
+    arguments, else ``pretrained_cfg``, else timm's defaults (``resolve_data_config``).
     """
-    check_recipe(name)
-    aug = dict(aug or {})
+    options = recipe_aug(name, aug)
     if name == "cifar":
         if crop_pct is not None or interpolation is not None:
             raise ValueError(
@@ -166,11 +183,10 @@ def build_recipe(
         return Recipe(
             read_rgb,
             decode_rgb,
-            build_train_transform(img_size, mean, std, **aug),
+            build_train_transform(img_size, mean, std, **options),
             build_eval_transform(img_size, mean, std),
         )
-    reject_unknown("data.aug (data.recipe=deit)", aug, DEIT_AUG)
-    train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **{**DEIT_AUG, **aug})
+    train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **options)
     _any_bits_posterize(train)
     config = resolve_data_config(
         dict(

@@ -21,7 +21,7 @@ from vitzoo.options import CifarAugOptions
 __all__ = ["POLICIES", "build_train_transform", "build_eval_transform", "seed_worker"]
 
 POLICIES = ("none", "basic", "strong")
-CROP_PADDING, HFLIP = CifarAugOptions.crop_padding, CifarAugOptions.hflip  # the device path reads them too
+CROP_PADDING, HFLIP = CifarAugOptions.crop_padding, CifarAugOptions.hflip  # benchmarks/data_path.py reads them
 
 
 def _finish(mean: Sequence[float], std: Sequence[float]) -> list:

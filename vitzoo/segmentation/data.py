@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import albumentations as A
 import cv2
@@ -26,7 +26,7 @@ from timm.layers import to_2tuple
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vitzoo.data.workers import resolve_num_workers
-from vitzoo.options import SegmentationDataOptions
+from vitzoo.options import DEFAULT, SegmentationDataOptions, TakesOptions
 
 from .files import Sample, find_samples
 from .io import GRAY_MODES, image_mode, read_image, read_mask
@@ -70,38 +70,77 @@ class SegmentationFolder(Dataset):
         return image, torch.from_numpy(np.ascontiguousarray(mask)).long()
 
 
-class SegmentationDataModule(L.LightningDataModule):
+class SegmentationDataModule(TakesOptions, L.LightningDataModule):
     """Images + masks under ``root``; see the module docstring for layouts, ``LabelMap`` for the label options.
 
     ``repeats`` passes over the training images per epoch (a short set still gets a sensible epoch);
     ``num_workers='auto'`` sizes the loaders from the usable CPUs. At setup every mask is read once: values
-    are checked and the class histogram of the training masks is logged (kept in ``class_pixels``). The defaults
-    and meaning of its options: :class:`~vitzoo.options.SegmentationDataOptions`.
+    are checked and the class histogram of the training masks is logged (kept in ``class_pixels``). The meaning
+    of its options: :class:`~vitzoo.options.SegmentationDataOptions`; an argument left out takes its value in the
+    class's ``options`` (:meth:`~vitzoo.options.TakesOptions.resolve`), the schema of its config, so the module
+    built in Python with ``root`` and ``num_classes`` is the one ``--config-name segment`` builds.
     """
+
+    options: ClassVar[Type[SegmentationDataOptions]] = SegmentationDataOptions  # the values of the arguments left out
 
     def __init__(
         self,
         root: str,
         num_classes: int,
-        class_names: Optional[Sequence[str]] = SegmentationDataOptions.class_names,
-        img_size: Union[int, Sequence[int]] = SegmentationDataOptions.img_size,
-        batch_size: int = SegmentationDataOptions.batch_size,
-        num_workers: Union[int, str] = SegmentationDataOptions.num_workers,
-        val_fraction: float = SegmentationDataOptions.val_fraction,
-        rescale: Sequence[float] = SegmentationDataOptions.rescale,
-        ignore_index: int = SegmentationDataOptions.ignore_index,
-        mask_values: Optional[Mapping[int, int]] = SegmentationDataOptions.mask_values,
-        binary_threshold: Optional[float] = SegmentationDataOptions.binary_threshold,
-        images: Optional[str] = SegmentationDataOptions.images,
-        masks: Optional[str] = SegmentationDataOptions.masks,
-        mask_suffix: str = SegmentationDataOptions.mask_suffix,
-        unpaired: str = SegmentationDataOptions.unpaired,
-        in_chans: int = SegmentationDataOptions.in_chans,
-        repeats: int = SegmentationDataOptions.repeats,
-        seed: int = SegmentationDataOptions.seed,
+        class_names: Optional[Sequence[str]] = DEFAULT,
+        img_size: Union[int, Sequence[int]] = DEFAULT,
+        batch_size: int = DEFAULT,
+        num_workers: Union[int, str] = DEFAULT,
+        val_fraction: float = DEFAULT,
+        rescale: Sequence[float] = DEFAULT,
+        ignore_index: int = DEFAULT,
+        mask_values: Optional[Mapping[int, int]] = DEFAULT,
+        binary_threshold: Optional[float] = DEFAULT,
+        images: Optional[str] = DEFAULT,
+        masks: Optional[str] = DEFAULT,
+        mask_suffix: str = DEFAULT,
+        unpaired: str = DEFAULT,
+        in_chans: int = DEFAULT,
+        repeats: int = DEFAULT,
+        seed: int = DEFAULT,
     ):
+        (
+            class_names,
+            img_size,
+            batch_size,
+            num_workers,
+            val_fraction,
+            rescale,
+            ignore_index,
+            mask_values,
+            binary_threshold,
+            images,
+            masks,
+            mask_suffix,
+            unpaired,
+            in_chans,
+            repeats,
+            seed,
+        ) = self.resolve(
+            class_names=class_names,
+            img_size=img_size,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            val_fraction=val_fraction,
+            rescale=rescale,
+            ignore_index=ignore_index,
+            mask_values=mask_values,
+            binary_threshold=binary_threshold,
+            images=images,
+            masks=masks,
+            mask_suffix=mask_suffix,
+            unpaired=unpaired,
+            in_chans=in_chans,
+            repeats=repeats,
+            seed=seed,
+        ).values()
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters()  # the resolved values (the arguments' current values), as checkpoints keep them
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction={val_fraction} must lie in (0, 1)")
         if int(repeats) < 1:

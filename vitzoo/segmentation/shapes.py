@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitzoo.options import ShapesDataOptions
+from vitzoo.options import DEFAULT, SHAPE_CLASSES, ShapesDataOptions
 
 from .data import SegmentationDataModule
 
 __all__ = ["SHAPE_CLASSES", "make_shapes_dataset", "ShapesDataModule"]
 
-SHAPE_CLASSES = ("background", "rectangle", "ellipse", "triangle")
 # Each shape class has a base colour, jittered per shape, so a few epochs suffice to learn it.
 _COLOURS = np.array([(0, 0, 0), (200, 60, 60), (60, 190, 70), (70, 90, 210)])
 
@@ -67,18 +66,25 @@ def _draw(draw: ImageDraw.ImageDraw, cls: int, box: Tuple[int, int, int, int], f
 
 class ShapesDataModule(SegmentationDataModule):
     """The shapes dataset under ``root`` as a data module (classes named ``SHAPE_CLASSES`` unless
-    ``class_names`` renames them); ``prepare_data`` writes it when missing."""
+    ``class_names`` renames them); ``prepare_data`` writes it when missing. An argument left out takes its value in
+    :class:`~vitzoo.options.ShapesDataOptions` (``--config-name segment_shapes``'s schema)."""
+
+    options: ClassVar[Type[ShapesDataOptions]] = ShapesDataOptions
 
     def __init__(
         self,
         root: str,
-        num_images: int = ShapesDataOptions.num_images,
-        num_classes: int = len(SHAPE_CLASSES),
-        class_names: Optional[Sequence[str]] = SHAPE_CLASSES,
-        img_size: Union[int, Tuple[int, int]] = ShapesDataOptions.img_size,
-        seed: int = ShapesDataOptions.seed,
+        num_images: int = DEFAULT,
+        num_classes: int = DEFAULT,
+        class_names: Optional[Sequence[str]] = DEFAULT,
+        img_size: Union[int, Tuple[int, int]] = DEFAULT,
+        seed: int = DEFAULT,
         **kwargs,
     ):
+        # resolved here, not only in the base: the base's save_hyperparameters reads these arguments too
+        num_images, num_classes, class_names, img_size, seed = self.resolve(
+            num_images=num_images, num_classes=num_classes, class_names=class_names, img_size=img_size, seed=seed
+        ).values()
         if num_classes != len(SHAPE_CLASSES):
             raise ValueError(
                 f"the shapes dataset has {len(SHAPE_CLASSES)} classes {SHAPE_CLASSES}; "
