@@ -29,6 +29,10 @@ def _jpeg_tree(root, per_class=12):
             cv2.imwrite(str(root / "train" / name / f"{i}.jpg"), image)
 
 
+# the recipe of the tiny runs: a run merges into a table only when trained with the same overrides
+RECIPE = "--override trainer.max_epochs=1 --override data.batch_size=16 --override data.num_workers=0".split()
+
+
 def _zoo(*args):
     return subprocess.run(
         [sys.executable, "benchmarks/zoo.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=900
@@ -39,28 +43,8 @@ def _zoo(*args):
 def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     _jpeg_tree(tmp_path / "data")
     work, out = tmp_path / "work", tmp_path / "report"
-    args = [
-        "--budget",
-        "cpu",
-        "--data",
-        tmp_path / "data",
-        "--work",
-        work,
-        "--out",
-        out,
-        "--presets",
-        "vit_softmax,nonlocal_resnet_linear",
-        "--batch-size",
-        8,
-        "--steps",
-        1,
-        "--override",
-        "trainer.max_epochs=1",
-        "--override",
-        "data.batch_size=16",
-        "--override",
-        "data.num_workers=0",
-    ]
+    args = ["--budget", "cpu", "--data", tmp_path / "data", "--work", work, "--out", out]
+    args += [*"--presets vit_softmax,nonlocal_resnet_linear --batch-size 8 --steps 1".split(), *RECIPE]
     result = _zoo(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -114,22 +98,7 @@ def test_harness_trains_profiles_evaluates_and_tabulates(tmp_path):
     shipped["profile"]["torch"] = shipped["row"]["torch"] = "0.0.1"  # as if profiled under another torch
     (out2 / "per-run" / "vit_efficient-s0.json").write_text(json.dumps(shipped))
     merged = _zoo(
-        "--budget",
-        "cpu",
-        "--phases",
-        "report",
-        "--work",
-        work,
-        "--out",
-        out,
-        "--override",
-        "trainer.max_epochs=1",
-        "--override",
-        "data.batch_size=16",
-        "--override",
-        "data.num_workers=0",
-        "--merge",
-        out2 / "per-run",
+        "--budget", "cpu", "--phases", "report", "--work", work, "--out", out, *RECIPE, "--merge", out2 / "per-run"
     )
     assert merged.returncode == 0, merged.stdout[-3000:] + merged.stderr[-3000:]
     assert "vit_efficient-s0.json: added from" in merged.stdout
