@@ -34,6 +34,14 @@ def assert_one_line_error(spec, fix: str, dim: int, num_heads: int, grid_size=(4
     assert "\n" not in str(err.value)
 
 
+def assert_bad_option(name: str, option: dict, fix: str, dim: int, num_heads: int) -> None:
+    """``assert_one_line_error`` for the mechanism ``name`` with ``option``, on a 4x4 grid unless ``option`` names the
+    build's ``grid_size`` (None: built without one), which the backbone supplies, not the spec."""
+    option = dict(option)
+    grid = option.pop("grid_size", (4, 4))
+    assert_one_line_error({"name": name, **option}, fix, dim, num_heads, grid)
+
+
 def gradcheck_module(m, x, fast_mode: bool = False) -> bool:
     """torch.autograd.gradcheck of ``m`` (float64) in its input and every parameter."""
     names = [n for n, _ in m.named_parameters()]

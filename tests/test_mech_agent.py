@@ -11,7 +11,7 @@ from vitzoo.attention.agent import AgentAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import dwc_ref, module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import assert_one_line_error, check_double_resolution, gradcheck_module
+from mech_checks import assert_bad_option, check_double_resolution, gradcheck_module
 from mech_checks import build as build_module
 
 DIM, HEADS, PREFIX, GRID = 8, 2, 1, (4, 6)  # a non-square grid catches h/w mix-ups
@@ -134,9 +134,7 @@ def test_gradcheck():
     ],
 )
 def test_bad_options_are_one_line_naming_the_fix(option, fix):
-    option = dict(option)
-    grid = option.pop("grid_size", (4, 4))
-    assert_one_line_error({"name": "agent", **option}, fix, DIM, HEADS, grid)
+    assert_bad_option("agent", option, fix, DIM, HEADS)
 
 
 def test_double_resolution_in_both_backbones():

@@ -10,7 +10,7 @@ from vitzoo.attention.window import WindowAttention
 from vitzoo.diagnostics import capture_attention
 
 from attention_reference import module_out, module_qkv, single_thread, softmax_ref  # noqa: F401
-from mech_checks import assert_one_line_error, check_onnx_at_another_size, gradcheck_module
+from mech_checks import assert_bad_option, check_onnx_at_another_size, gradcheck_module
 from mech_checks import build as build_module
 
 DIM, HEADS, GRID = 8, 2, (5, 7)  # non-square, divisible by neither window side
@@ -150,9 +150,7 @@ def test_gradcheck():
     ],
 )
 def test_bad_options_are_one_line_naming_the_fix(option, fix):
-    option = dict(option)
-    grid = option.pop("grid_size", (4, 4))
-    assert_one_line_error({"name": "window", **option}, fix, DIM, HEADS, grid)
+    assert_bad_option("window", option, fix, DIM, HEADS)
 
 
 def test_double_resolution_in_both_backbones():
