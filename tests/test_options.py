@@ -5,9 +5,7 @@ naming the valid ones, from Python as from the command line."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-from typing import List
 
 import pytest
 from hydra.errors import ConfigCompositionException
@@ -16,14 +14,12 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS, compose_config, run_python, write_image_folder
 from vitzoo.options import (
-    DEFAULT,
     SCHEMAS,
     DigitsDataOptions,
     MixupOptions,
     OptimOptions,
     PredictOptions,
     RobustnessOptions,
-    TakesOptions,
 )
 from vitzoo.training import ImageClassifier
 from vitzoo.training.options import options_from
@@ -148,83 +144,6 @@ def test_a_data_module_takes_the_arguments_given_and_fresh_defaults():
     first.aug["hflip"] = True  # each module's mapping is its own
     assert second.aug["hflip"] is False and DigitsDataModule.defaults()["aug"]["hflip"] is False
     assert SyntheticDataModule(num_classes=3).num_classes == 3 and SyntheticDataModule().num_classes == 10
-
-
-@dataclasses.dataclass
-class _BaseOptions:
-    a: int = 1
-    b: int = 2
-    tags: List[str] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class _SubOptions(_BaseOptions):
-    b: int = 20
-    d: int = 4
-
-
-class _Base(TakesOptions):
-    options = _BaseOptions
-
-    def __init__(self, a: int = DEFAULT, b: int = DEFAULT, tags: List[str] = DEFAULT, label: str = "x"):
-        self.a, self.b, self.tags, self.label = a, b, tags, label
-        self.arguments = self.init_arguments()
-
-
-class _Sub(_Base):
-    options = _SubOptions
-
-    def __init__(self, d: int = DEFAULT, **kwargs):
-        self.d = d
-        super().__init__(**kwargs)
-
-
-def test_takes_options_resolves_every_argument_left_out_before_the_body_runs():
-    """TakesOptions wraps each __init__: the arguments left out (or given as DEFAULT) are the most derived class's
-    options before the body runs, at every level (a subclass's **kwargs resolved by the __init__ naming them);
-    explicit and positional values are kept, as are arguments the options lack; the signature is the one written."""
-    base, sub = _Base(), _Sub()
-    assert base.arguments == {"a": 1, "b": 2, "tags": [], "label": "x"} and (base.a, base.b) == (1, 2)
-    assert (sub.a, sub.b, sub.d, sub.tags, sub.label) == (1, 20, 4, [], "x")  # b: _SubOptions', not _BaseOptions'
-    assert sub.arguments == {"a": 1, "b": 20, "tags": [], "label": "x", "d": 4}  # every level's, resolved
-    given = _Sub(7, b=5, a=DEFAULT, label="y")
-    assert (given.a, given.b, given.d, given.label) == (1, 5, 7, "y")
-    assert (_Base(8, 9).a, _Base(8, 9).b) == (8, 9)
-    first, second = _Sub(), _Sub()
-    first.tags.append("t")  # each call's mapping or list is its own
-    assert second.tags == [] and _Sub.defaults()["tags"] == []
-    assert str(inspect.signature(_Sub)) == "(d: 'int' = DEFAULT, **kwargs)"
-    assert list(inspect.signature(_Base.__init__).parameters) == ["self", "a", "b", "tags", "label"]
-    assert _Sub.__init__.__qualname__ == "_Sub.__init__" and not hasattr(_Sub.__init__.__wrapped__, "__wrapped__")
-    with pytest.raises(TypeError, match=r"^_Base.__init__\(\) got an unexpected keyword argument 'c'$"):
-        _Sub(c=1)  # Python's own message for a call that does not fit
-    with pytest.raises(RuntimeError, match="only known while its __init__ runs"):
-        sub.init_arguments()
-
-
-def test_takes_options_names_a_default_it_cannot_resolve():
-    class Ghost(_Base):
-        def __init__(self, ghost: int = DEFAULT, **kwargs):
-            super().__init__(**kwargs)
-
-    message = r"^Ghost: argument 'ghost' is DEFAULT \(left out\) but Ghost.options \(_BaseOptions\) has no such option"
-    for call in (lambda: Ghost(), lambda: Ghost(ghost=DEFAULT)):
-        with pytest.raises(TypeError, match=message):
-            call()
-    assert Ghost(ghost=3).a == 1  # given, it is left alone
-    with pytest.raises(TypeError, match=r"^_Base: argument 'label' is DEFAULT"):
-        _Base(label=DEFAULT)
-
-
-def test_the_segmentation_hyperparameters_are_the_resolved_arguments_of_every_init(tmp_path):
-    """save_hyperparameters() of the segmentation data gets the arguments of each __init__ (Lightning's frame walk
-    stops at TakesOptions' wrapper): a subclass's own (ShapesDataModule's num_images), never DEFAULT."""
-    from vitzoo.options import ShapesDataOptions
-    from vitzoo.segmentation import ShapesDataModule
-
-    dm = ShapesDataModule(tmp_path, num_images=7, batch_size=DEFAULT, repeats=3)
-    assert dm.hparams == {**dataclasses.asdict(ShapesDataOptions()), "root": tmp_path, "num_images": 7, "repeats": 3}
-    assert dict(dm.hparams_initial) == dict(dm.hparams) and dm._hparams_name == "kwargs" and dm._log_hyperparams
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,13 @@ what differs from them. This module imports nothing but the standard library (Hy
 :func:`register_configs`), so the entry points load it before torch; it also holds the one rule for option
 mappings (attention specs, ``data.aug``...): a key the code does not know is a one-line error naming it and the
 valid ones, never silently dropped; and the one rule for the defaults of a class's option arguments: an argument
-left out (:data:`DEFAULT`) takes its value in the class's options dataclass before its ``__init__`` runs
-(:class:`TakesOptions`).
+left out (:data:`DEFAULT`) takes its value in the class's options dataclass (:class:`TakesOptions`).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 __all__ = [
     "OptimOptions",
@@ -49,8 +46,8 @@ __all__ = [
 
 
 class _Default:
-    """The default of every option argument of a :class:`TakesOptions` class: "left out", which the class's
-    ``__init__`` never sees: it gets the value of the class's options dataclass instead."""
+    """The default of every option argument of a :class:`TakesOptions` class: "left out", which
+    :meth:`TakesOptions.resolve` replaces with the value of the class's options dataclass."""
 
     def __repr__(self) -> str:
         return "DEFAULT"
@@ -58,31 +55,13 @@ class _Default:
 
 DEFAULT: Any = _Default()  # typed Any, so that `batch_size: int = DEFAULT` keeps the argument's own type
 
-# id of an instance whose __init__ chain runs -> the resolved arguments of each __init__ running, outermost first
-_RUNNING: Dict[int, List[Dict[str, Any]]] = {}
-
 
 class TakesOptions:
     """A class (the data modules) whose option arguments default to ``DEFAULT``: an argument left out takes its
     value in ``options``, the dataclass below that its config is built on, so the class built in Python with the
-    required arguments alone is the one its config builds, and the values are written in one place.
-
-    The rule needs no list of names: every ``__init__`` a subclass defines is wrapped when the class is created
-    (:meth:`__init_subclass__`, ``functools.wraps``: ``inspect.signature`` and the IDE see the ``__init__`` as
-    written). The wrapper binds the call to that signature with its defaults, and each argument still ``DEFAULT``
-    (left out, or given as ``DEFAULT``) becomes its value in :meth:`defaults_for` of ``type(self)``, the most
-    derived class, before the body runs: the body holds the values under their own names, at each level of the
-    hierarchy (a subclass's ``**kwargs`` are resolved by the ``__init__`` that names them). An argument whose
-    default is anything else is left as given; ``DEFAULT`` for a name the options lack is a ``TypeError`` naming it.
-    """
+    required arguments alone is the one its config builds, and the values are written in one place."""
 
     options: ClassVar[Type[Any]]  # the dataclass holding the values of the arguments left out
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is not None and not hasattr(init, "__takes_options__"):
-            setattr(cls, "__init__", _resolving(init))
 
     @classmethod
     def defaults(cls) -> Dict[str, Any]:
@@ -92,68 +71,11 @@ class TakesOptions:
         return {f.name: getattr(options, f.name) for f in fields(options)}
 
     @classmethod
-    def defaults_for(cls, given: Mapping[str, Any]) -> Dict[str, Any]:
-        """The values of the arguments left out of an ``__init__`` given ``given`` (its arguments by name,
-        ``DEFAULT`` where left out): :meth:`defaults`; a class where one option's default depends on another
-        argument overrides it."""
-        return cls.defaults()
-
-    def init_arguments(self) -> Dict[str, Any]:
-        """While ``__init__`` runs: the arguments, resolved, of every class's ``__init__`` running for this
-        instance, by name (a ``**kwargs`` by its keys; an outer ``__init__``'s over an inner one's), what Lightning's
-        ``save_hyperparameters()`` gathers from the frames of an ``__init__`` chain. Lightning's frame walk stops at
-        the first wrapper, so it would miss a subclass's own arguments: give it these instead."""
-        calls = _RUNNING.get(id(self))
-        if not calls:
-            raise RuntimeError(f"{type(self).__name__}.init_arguments() is only known while its __init__ runs")
-        merged: Dict[str, Any] = {}
-        for arguments in reversed(calls):
-            merged.update(arguments)
-        return merged
-
-
-def _resolving(init: Callable[..., None]) -> Callable[..., None]:
-    """``init`` (a :class:`TakesOptions` class's ``__init__``) with its ``DEFAULT`` arguments resolved first."""
-    signature = inspect.signature(init)
-    parameters = list(signature.parameters.values())
-    instance = parameters[0].name  # self
-    star = next((p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
-    double_star = next((p.name for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD), None)
-
-    @functools.wraps(init)
-    def resolved_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-        except TypeError:
-            init(self, *args, **kwargs)  # Python's own message for a call that does not fit (the body does not run)
-            raise
-        bound.apply_defaults()
-        arguments = bound.arguments
-        given = {k: v for k, v in arguments.items() if k not in (instance, star, double_star)}
-        given.update(arguments[double_star] if double_star else {})
-        left_out = [k for k, v in arguments.items() if v is DEFAULT and k not in (instance, star, double_star)]
-        if left_out:
-            cls = type(self)
-            defaults = cls.defaults_for(given)
-            for name in left_out:
-                if name not in defaults:
-                    options = getattr(getattr(cls, "options", None), "__name__", None)
-                    raise TypeError(
-                        f"{cls.__name__}: argument {name!r} is DEFAULT (left out) but {cls.__name__}.options "
-                        f"({options}) has no such option to take its value from; give {name}=..."
-                    )
-                arguments[name] = given[name] = defaults[name]
-        calls = _RUNNING.setdefault(id(self), [])  # a DEFAULT in **kwargs: the __init__ naming it records its value
-        calls.append({k: v for k, v in given.items() if v is not DEFAULT})
-        try:
-            init(*bound.args, **bound.kwargs)
-        finally:
-            calls.pop()
-            if not calls:
-                del _RUNNING[id(self)]
-
-    resolved_init.__takes_options__ = True  # type: ignore[attr-defined]
-    return resolved_init
+    def resolve(cls, **arguments: Any) -> Dict[str, Any]:
+        """``arguments`` (in their order) with every one left out (``DEFAULT``) at its value in :meth:`defaults`;
+        the one rule by which these classes fill their options."""
+        defaults = cls.defaults()
+        return {name: defaults[name] if value is DEFAULT else value for name, value in arguments.items()}
 
 
 def reject_unknown(owner: str, given: Collection[str], valid: Collection[str]) -> None:

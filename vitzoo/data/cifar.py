@@ -44,7 +44,7 @@ class CIFAR10DataModule(ImageDataModule):
             std=self.statistics[1] if std is None else std,
             **kwargs,
         )
-        self.root, self.download = os.fspath(root), download
+        self.root, self.download = os.fspath(root), self.resolve(download=download)["download"]
 
     def _missing(self, reason: str) -> FileNotFoundError:
         name = self.dataset_cls.__name__.replace("CIFAR", "CIFAR-")

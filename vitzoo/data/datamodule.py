@@ -92,9 +92,8 @@ class ImageDataModule(TakesOptions, L.LightningDataModule):
     The options' defaults: an argument left out (``DEFAULT``) takes its value in the class's ``options``, the
     dataclass of :mod:`vitzoo.options` that its ``data=`` config is built on (e.g.
     :class:`~vitzoo.options.DigitsDataOptions`), so ``DigitsDataModule()`` is the module ``data=digits`` builds
-    (:class:`~vitzoo.options.TakesOptions`, before each ``__init__`` runs; an option that dataclass lacks takes the
-    base's value, which the config runs with too). ``aug`` left out with a ``recipe`` other than the dataclass's is
-    that recipe's defaults (:meth:`defaults_for`).
+    (:meth:`~vitzoo.options.TakesOptions.resolve`; an option that dataclass lacks takes the base's value, which the
+    config runs with too). ``aug`` left out with a ``recipe`` other than the dataclass's is that recipe's defaults.
     """
 
     num_classes: int
@@ -105,14 +104,6 @@ class ImageDataModule(TakesOptions, L.LightningDataModule):
     def defaults(cls) -> Dict[str, Any]:
         """:meth:`TakesOptions.defaults` over the base's values of the options ``cls.options`` lacks."""
         return {**vars(_BASE_OPTIONS), **super().defaults()}
-
-    @classmethod
-    def defaults_for(cls, given: Mapping[str, Any]) -> Dict[str, Any]:
-        """:meth:`defaults`, but ``aug`` left out with a ``recipe`` given other than the options' is ``None``."""
-        defaults = super().defaults_for(given)
-        if given.get("recipe", DEFAULT) not in (DEFAULT, defaults["recipe"]):
-            defaults["aug"] = None  # the options' aug belongs to their recipe: another one starts at its own defaults
-        return defaults
 
     def __init__(
         self,
@@ -133,6 +124,41 @@ class ImageDataModule(TakesOptions, L.LightningDataModule):
         native_multiple: int = DEFAULT,
     ):
         super().__init__()
+        if aug is DEFAULT and recipe not in (DEFAULT, self.defaults()["recipe"]):
+            aug = None  # the options' aug belongs to their recipe: another one starts at its own defaults
+        (
+            img_size,
+            batch_size,
+            num_workers,
+            mean,
+            std,
+            aug,
+            eval_batch_size,
+            pin_memory,
+            device_cache,
+            recipe,
+            crop_pct,
+            interpolation,
+            repeated_aug,
+            native_resolution,
+            native_multiple,
+        ) = self.resolve(
+            img_size=img_size,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            mean=mean,
+            std=std,
+            aug=aug,
+            eval_batch_size=eval_batch_size,
+            pin_memory=pin_memory,
+            device_cache=device_cache,
+            recipe=recipe,
+            crop_pct=crop_pct,
+            interpolation=interpolation,
+            repeated_aug=repeated_aug,
+            native_resolution=native_resolution,
+            native_multiple=native_multiple,
+        ).values()
         self.img_size, self.batch_size = int(img_size), int(batch_size)
         self.num_workers = resolve_num_workers(num_workers)
         self.eval_batch_size = int(eval_batch_size or batch_size)

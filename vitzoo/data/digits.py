@@ -45,6 +45,7 @@ class DigitsDataModule(ImageDataModule):
         std=DIGITS_STD,
         **kwargs,
     ):
+        val_fraction, split_seed = self.resolve(val_fraction=val_fraction, split_seed=split_seed).values()
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
         super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)

@@ -50,7 +50,7 @@ class ImageFolderDataModule(ImageDataModule):
     ):
         super().__init__(img_size=img_size, mean=mean, std=std, **kwargs)
         self.root = Path(os.path.expanduser(os.fspath(root)))
-        self.val_fraction, self.split_seed = val_fraction, split_seed
+        self.val_fraction, self.split_seed = self.resolve(val_fraction=val_fraction, split_seed=split_seed).values()
         train = self.root / "train"
         if not train.is_dir():
             raise FileNotFoundError(

@@ -77,6 +77,7 @@ class ShardsDataModule(ImageDataModule):
         **kwargs,
     ):
         super().__init__(img_size=img_size, mean=mean, std=std, recipe=recipe, **kwargs)
+        num_classes, cache_dir = self.resolve(num_classes=num_classes, cache_dir=cache_dir).values()
         if self.device_cache:
             raise ValueError(
                 "data=shards streams its images; set data.device_cache=false (the device path needs "

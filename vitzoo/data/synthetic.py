@@ -26,6 +26,9 @@ class SyntheticDataModule(ImageDataModule):
         **kwargs,
     ):
         super().__init__(img_size=img_size, **kwargs)
+        num_classes, num_train, num_val, seed = self.resolve(
+            num_classes=num_classes, num_train=num_train, num_val=num_val, seed=seed
+        ).values()
         self.num_classes, self.num_train, self.num_val, self.seed = int(num_classes), num_train, num_val, seed
 
     def load_split(self, split: str):

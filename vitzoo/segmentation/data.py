@@ -22,7 +22,6 @@ import cv2
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.utilities.parsing import save_hyperparameters
 from timm.layers import to_2tuple
 from torch.utils.data import DataLoader, Dataset, Subset
 
@@ -78,7 +77,7 @@ class SegmentationDataModule(TakesOptions, L.LightningDataModule):
     ``num_workers='auto'`` sizes the loaders from the usable CPUs. At setup every mask is read once: values
     are checked and the class histogram of the training masks is logged (kept in ``class_pixels``). The meaning
     of its options: :class:`~vitzoo.options.SegmentationDataOptions`; an argument left out takes its value in the
-    class's ``options`` (:class:`~vitzoo.options.TakesOptions`), the schema of its config, so the module
+    class's ``options`` (:meth:`~vitzoo.options.TakesOptions.resolve`), the schema of its config, so the module
     built in Python with ``root`` and ``num_classes`` is the one ``--config-name segment`` builds.
     """
 
@@ -105,12 +104,43 @@ class SegmentationDataModule(TakesOptions, L.LightningDataModule):
         repeats: int = DEFAULT,
         seed: int = DEFAULT,
     ):
+        (
+            class_names,
+            img_size,
+            batch_size,
+            num_workers,
+            val_fraction,
+            rescale,
+            ignore_index,
+            mask_values,
+            binary_threshold,
+            images,
+            masks,
+            mask_suffix,
+            unpaired,
+            in_chans,
+            repeats,
+            seed,
+        ) = self.resolve(
+            class_names=class_names,
+            img_size=img_size,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            val_fraction=val_fraction,
+            rescale=rescale,
+            ignore_index=ignore_index,
+            mask_values=mask_values,
+            binary_threshold=binary_threshold,
+            images=images,
+            masks=masks,
+            mask_suffix=mask_suffix,
+            unpaired=unpaired,
+            in_chans=in_chans,
+            repeats=repeats,
+            seed=seed,
+        ).values()
         super().__init__()
-        # The resolved values, as checkpoints keep them: what self.save_hyperparameters() gathers from the frames of
-        # the __init__ chain, but each class's (a subclass's own too, ShapesDataModule's num_images): Lightning's
-        # frame walk stops at the wrapper between two __init__s (TakesOptions), so they are given to it.
-        self._log_hyperparams = True  # as self.save_hyperparameters() sets it
-        save_hyperparameters(self, given_hparams=self.init_arguments())
+        self.save_hyperparameters()  # the resolved values (the arguments' current values), as checkpoints keep them
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction={val_fraction} must lie in (0, 1)")
         if int(repeats) < 1:

@@ -81,6 +81,10 @@ class ShapesDataModule(SegmentationDataModule):
         seed: int = DEFAULT,
         **kwargs,
     ):
+        # resolved here, not only in the base: the base's save_hyperparameters reads these arguments too
+        num_images, num_classes, class_names, img_size, seed = self.resolve(
+            num_images=num_images, num_classes=num_classes, class_names=class_names, img_size=img_size, seed=seed
+        ).values()
         if num_classes != len(SHAPE_CLASSES):
             raise ValueError(
                 f"the shapes dataset has {len(SHAPE_CLASSES)} classes {SHAPE_CLASSES}; "
