@@ -46,7 +46,11 @@ def variants(ckpt: Path) -> Tuple[Dict[str, torch.nn.Module], int]:
     for name, change in twins.items():
         twin_hp = copy.deepcopy(hp)
         twin_hp["attention"] = {**twin_hp["attention"], **change}
-        twin = build_model(twin_hp)
+        try:
+            twin = build_model(twin_hp)
+        except ValueError as err:  # e.g. scale is not an option of a kernel form: said, not hidden
+            print(f"{ckpt}: no '{name}' variant: {str(err).splitlines()[0]}")
+            continue
         twin.load_state_dict(model.state_dict())
         out[name] = twin.eval()
     return out, hp["img_size"]
@@ -81,7 +85,7 @@ def table(results: Dict[str, List[Dict[str, Dict[str, Tuple[float, float]]]]]) -
     head = ["run", "variant", *(f"top-1 {s}" for s in sizes), *(f"H/log n {s}" for s in sizes)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, seeds in results.items():
-        for variant in seeds[0]:
+        for variant in seeds[0]:  # the variants every seed of a run has (one mechanism)
             acc = [cell([s[variant][z][0] for s in seeds], 100, 1) for z in sizes]
             ent = [cell([s[variant][z][1] for s in seeds], 1, 3) for z in sizes]
             lines.append("| " + " | ".join([f"{label} (seeds: {len(seeds)})", variant, *acc, *ent]) + " |")
