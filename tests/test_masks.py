@@ -224,6 +224,25 @@ def test_masked_probs_put_no_weight_on_padded_keys():
     torch.testing.assert_close(rows.sum(-1), torch.ones_like(rows[..., 0]), rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("spec", MASK_SPECS, ids=str)
+def test_probs_of_an_image_with_no_key_are_zero_rows(spec):
+    """The implied attention matrix (diagnostics, transfer) of an image whose keys are all masked: zero rows, not
+    NaN; the other images put no weight on their padded keys."""
+    prefix, dim = 1, 16
+    name = spec if isinstance(spec, str) else spec["name"]
+    layer = build_attention(spec, dim, num_heads=2, num_tokens=17, num_prefix_tokens=prefix, grid_size=(4, 4))
+    layer = layer.double().eval()
+    x, mask, canvas = pad_tokens(images(GRIDS, prefix, dim), GRIDS, prefix)
+    mask[1] = False
+    layer.token_grid, layer.image_grids = canvas, None if name.startswith("synth") else tuple(GRIDS)
+    with torch.no_grad():
+        q, k, _ = layer.project(x)
+        rows = layer.probs(x, q, k, mask, False, torch.arange(x.shape[1]))
+    assert torch.isfinite(rows).all()
+    assert (rows[1] == 0).all()
+    assert (rows.masked_select(~mask.expand_as(rows)) == 0).all()
+
+
 def test_lion_with_a_decay_refuses_a_mask_in_one_line():
     layer = build_attention({"name": "lion", "decay": "fixed"}, 16, num_heads=2, grid_size=(2, 2))
     with pytest.raises(ValueError, match="takes no attn_mask: with decay=fixed.*or decay: none") as err:

@@ -321,12 +321,13 @@ def kernel_probs(
     logit_noise: float = 0.0,
     key_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The implied matrix A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps); 0 for masked keys."""
+    """The implied matrix A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps); 0 for masked keys, and a
+    zero row for a query with no key (eps = 0 included)."""
     fq, fk = _kernel_features(q, k, feature_map, logit_noise, key_mask)
     sim = fq @ fk.transpose(-2, -1)
     if causal:
         sim = sim.tril()
-    return sim / (sim.sum(dim=-1, keepdim=True) + eps)
+    return sim / (sim.sum(dim=-1, keepdim=True) + eps).clamp_min(torch.finfo(sim.dtype).tiny)
 
 
 def _linear_eager(q, k, v, feature_map: str, eps: float, causal: bool, logit_noise: float, key_mask):
