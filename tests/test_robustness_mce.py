@@ -7,7 +7,7 @@ import pytest
 
 from vitzoo.robustness import list_corruptions, summarize
 from vitzoo.robustness.closing import results_table
-from vitzoo.robustness.mce import published
+from vitzoo.robustness.mce import ALEXNET_ERR, published
 
 
 def _levels(errors):
@@ -35,28 +35,15 @@ def test_alexnet_ce_of_two_corruptions_by_hand_and_not_called_mce():
 
 def test_the_15_at_five_severities_give_the_mce_and_robustbench_mean():
     names = list_corruptions("benchmark")
-    alexnet = {
-        "gaussian_noise": 0.886428,
-        "shot_noise": 0.894468,
-        "impulse_noise": 0.922640,
-        "defocus_blur": 0.819880,
-        "glass_blur": 0.826268,
-        "motion_blur": 0.785948,
-        "zoom_blur": 0.798360,
-        "snow": 0.866816,
-        "frost": 0.826572,
-        "fog": 0.819324,
-        "brightness": 0.564592,
-        "contrast": 0.853204,
-        "elastic_transform": 0.646056,
-        "pixelate": 0.717840,
-        "jpeg_compression": 0.606500,
-    }
-    assert sorted(alexnet) == names
-    half = {n: _levels([alexnet[n] / 2] * 5) for n in names}  # half AlexNet's error everywhere: mCE = 0.5
+    assert sorted(ALEXNET_ERR) == names
+    # the table's checksum: its 15 published errors add up to 11.834896 (two of them are checked by hand above)
+    assert sum(ALEXNET_ERR.values()) == pytest.approx(11.834896, abs=1e-9)
+    half = {n: _levels([ALEXNET_ERR[n] / 2] * 5) for n in names}  # half AlexNet's error everywhere: mCE = 0.5
     out = published(half, "imagenet")
     assert out["label"] == "15 x 5" and out["alexnet_mce"] == pytest.approx(0.5, rel=1e-12)
-    assert out["mean_acc1"] == pytest.approx(1 - sum(alexnet.values()) / 2 / 15, rel=1e-12)
+    assert out["mean_acc1"] == pytest.approx(1 - 11.834896 / 2 / 15, rel=1e-12)
+    own = published({n: _levels([ALEXNET_ERR[n]] * 5) for n in names}, "imagenet")
+    assert own["alexnet_mce"] == pytest.approx(1.0, rel=1e-12)  # AlexNet against itself: 100%
     cifar = published(half, "cifar")
     assert cifar["mean_corruption_acc1"] == pytest.approx(out["mean_acc1"]) and "alexnet_mce" not in cifar
 
