@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONFIGS, compose_config, run_python, write_image_folder
 from vitzoo.options import (
+    DEFAULT,
     SCHEMAS,
     DigitsDataOptions,
     MixupOptions,
@@ -132,6 +133,8 @@ def test_a_segmentation_data_module_built_in_python_equals_the_one_its_config_bu
     options = cls.options()
     assert {k: _plain(plain.hparams[k]) for k in cls.defaults()} == _plain(dataclasses.asdict(options))
     assert (plain.batch_size, plain.rescale, plain.seed) == (options.batch_size, tuple(options.rescale), options.seed)
+    spelled = cls(root=str(tmp_path / "data"), num_classes=4, batch_size=DEFAULT, seed=DEFAULT)  # DEFAULT given
+    assert _plain(dict(spelled.hparams)) == _plain(dict(plain.hparams))
 
 
 def test_a_data_module_takes_the_arguments_given_and_fresh_defaults():
