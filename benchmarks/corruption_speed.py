@@ -37,9 +37,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 
 import vitzoo  # noqa: E402
+from vitzoo.models.default_cfg import CIFAR_MEAN, CIFAR_STD  # noqa: E402
 from vitzoo.robustness import corrupt, list_corruptions  # noqa: E402
-
-CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 def cifar_images(data: Path, count: int) -> torch.Tensor:

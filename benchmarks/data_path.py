@@ -28,9 +28,7 @@ from zoo_data import resolve_data  # noqa: E402  (a sibling module: the zoo's ta
 from vitzoo.data import ImageFolderDataModule  # noqa: E402
 from vitzoo.data.device_data import DeviceBatches  # noqa: E402
 from vitzoo.data.transforms import CROP_PADDING, HFLIP  # noqa: E402
-
-
-CIFAR_STATS = dict(mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
+from vitzoo.models.default_cfg import CIFAR_MEAN, CIFAR_STD  # noqa: E402
 
 
 def folder_module(data: str, img_size: int, batch_size: int, device_cache: bool, **kwargs) -> ImageFolderDataModule:
@@ -41,7 +39,8 @@ def folder_module(data: str, img_size: int, batch_size: int, device_cache: bool,
         batch_size=batch_size,
         val_fraction=0.1,
         device_cache=device_cache,
-        **CIFAR_STATS,
+        mean=CIFAR_MEAN,
+        std=CIFAR_STD,
         **kwargs,
     )
     dm.setup("fit")

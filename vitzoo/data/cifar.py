@@ -9,13 +9,13 @@ import os
 
 from torchvision.datasets import CIFAR10, CIFAR100
 
+from vitzoo.models.default_cfg import CIFAR_MEAN, CIFAR_STD
 from vitzoo.options import CIFARDataOptions
 
 from .datamodule import DEFAULT, ImageDataModule
 
 __all__ = ["CIFAR10DataModule", "CIFAR100DataModule"]
 
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 
 
@@ -26,7 +26,7 @@ class CIFAR10DataModule(ImageDataModule):
     dataset_cls = CIFAR10
     folder = "cifar-10-batches-py"
     archive = "cifar-10-python.tar.gz"
-    statistics = (CIFAR10_MEAN, CIFAR10_STD)  # the training split's channel mean and std, the default mean/std
+    statistics = (CIFAR_MEAN, CIFAR_STD)  # the training split's channel mean and std, the default mean/std
     options = CIFARDataOptions
 
     def __init__(
