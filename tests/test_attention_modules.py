@@ -371,6 +371,41 @@ def test_bad_options_are_value_errors_naming_the_fix(spec, kwargs, fix):
     assert "\n" not in str(err.value)  # one line
 
 
+COUNT_OPTIONS = [  # (mechanism, count-like option, a good value)
+    ("softmax", "head_dim", 8),
+    ("linformer", "proj_len", 4),
+    ("lion", "chunk", 8),
+    ("nystrom", "num_landmarks", 4),
+    ("nystrom", "pinv_iterations", 6),
+    ("nystrom", "conv_kernel", 3),
+    ("window", "window_size", 2),
+    ("mlla", "kernel_size", 3),
+]
+
+
+@pytest.mark.parametrize("name, option, good", COUNT_OPTIONS)
+@pytest.mark.parametrize("bad", [[3], "3", True, 2.5, -1])
+def test_a_count_option_of_the_wrong_type_is_one_value_error(name, option, good, bad):
+    """A list, a string, a bool or a fraction where a count goes is one ValueError naming the option, never a
+    TypeError from deep inside torch."""
+    with pytest.raises(ValueError, match=option) as err:
+        build_attention({"name": name, option: bad}, 16, num_heads=2, grid_size=(4, 4), num_tokens=16)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name, option, good", COUNT_OPTIONS)
+def test_a_count_option_written_as_a_whole_float_builds_the_int_layer(name, option, good):
+    """3.0 (YAML, a CLI override) builds the same layer as 3."""
+    layers = [
+        build_attention({"name": name, option: value}, 16, num_heads=2, grid_size=(4, 4), num_tokens=16)
+        for value in (good, float(good))
+    ]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 16, 16)
+    torch.testing.assert_close(layers[1].eval()(x), layers[0].eval()(x), rtol=0, atol=0)
+    assert repr(layers[1]) == repr(layers[0])
+
+
 def test_log_n_scale_needs_a_training_token_count_outside_a_model():
     with pytest.raises(ValueError, match="train_tokens"):
         build_attention({"name": "softmax", "scale": "log_n"}, 16, num_heads=2)

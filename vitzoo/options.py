@@ -12,6 +12,7 @@ left out (:data:`DEFAULT`) takes its value in the class's options dataclass (:cl
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
@@ -38,6 +39,7 @@ __all__ = [
     "SCHEMAS",
     "register_configs",
     "reject_unknown",
+    "is_count",
     "split_spec",
     "DEFAULT",
     "TakesOptions",
@@ -76,6 +78,17 @@ class TakesOptions:
         the one rule by which these classes fill their options."""
         defaults = cls.defaults()
         return {name: defaults[name] if value is DEFAULT else value for name, value in arguments.items()}
+
+
+def is_count(value: Any, minimum: int = 1) -> bool:
+    """Whether ``value`` is a whole number of at least ``minimum``: an int, or a float such as 3.0 (YAML, CLI);
+    not a bool, a string or a list. The one test of every count-like option (sizes, lengths, iterations)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and float(value).is_integer()
+        and float(value) >= minimum
+    )
 
 
 def reject_unknown(owner: str, given: Collection[str], valid: Collection[str]) -> None:

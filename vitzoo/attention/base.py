@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from .canvas import canvas_rope
 from .rope import RopeSpec, build_rope, rotate_all
+from ..options import is_count
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 
@@ -121,8 +122,9 @@ class ZooAttention(nn.Module):
                     f"{max(1, dim // num_heads)}}})"
                 )
             head_dim = dim // num_heads
-        if int(head_dim) != head_dim or head_dim < 1:
+        if not is_count(head_dim):
             raise ValueError(f"head_dim must be a positive integer, got {head_dim!r}")
+        head_dim = int(head_dim)
         if (qk_norm or scale_norm) and norm_layer is None:
             raise ValueError("qk_norm / scale_norm need a norm_layer")
         if logit_noise < 0:

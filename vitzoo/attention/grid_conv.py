@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from .functional import mask_keys
+from ..options import is_count
 
 __all__ = ["GridDepthwiseConv", "grid_conv"]
 
@@ -37,8 +38,12 @@ class GridDepthwiseConv(nn.Conv2d):
 
 def grid_conv(mechanism: str, channels: int, kernel_size: int, **kwargs) -> Optional[GridDepthwiseConv]:
     """The DWC(V) term of ``mechanism``, or None for ``kernel_size`` 0 (a clear error for an even size)."""
-    if kernel_size < 0 or (kernel_size and kernel_size % 2 == 0):
+    if not is_count(kernel_size, minimum=0) or (kernel_size and kernel_size % 2 == 0):
         raise ValueError(
-            f"{mechanism}: kernel_size={kernel_size} must be odd (the conv keeps the grid) or 0 for no conv term"
+            f"{mechanism}: kernel_size={kernel_size!r} must be odd (the conv keeps the grid) or 0 for no conv term"
         )
-    return GridDepthwiseConv(channels, kernel_size, kwargs.get("device"), kwargs.get("dtype")) if kernel_size else None
+    return (
+        GridDepthwiseConv(channels, int(kernel_size), kwargs.get("device"), kwargs.get("dtype"))
+        if kernel_size
+        else None
+    )

@@ -10,6 +10,7 @@ import torch.nn as nn
 from . import functional as AF
 from .grid import GridBoundAttention, GridModule, Layout, resample_tokens
 from .registry import register_attention
+from ..options import is_count
 
 __all__ = ["LinformerAttention", "TokenProjection", "linformer_attention", "linformer_probs", "resample_projection"]
 
@@ -95,8 +96,9 @@ class LinformerAttention(GridBoundAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, *args, proj_len: int = 64, scale: str = "sqrt_d", **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
-        if int(proj_len) != proj_len or proj_len < 1:
+        if not is_count(proj_len):
             raise ValueError(f"proj_len (the k projected tokens) must be a positive integer, got {proj_len!r}")
+        proj_len = int(proj_len)
         if scale != "sqrt_d":
             raise ValueError(
                 f"scale={scale!r}: linformer's softmax runs over proj_len={proj_len} projected keys at "

@@ -25,6 +25,7 @@ from .base import ZooAttention
 from .decoupled import decoupled_linear
 from .registry import register_attention
 from .rope import rotate_all
+from ..options import is_count
 
 __all__ = [
     "LionAttention",
@@ -279,7 +280,7 @@ class LionAttention(ZooAttention):
             raise ValueError(f"unknown lion order={order!r}; choose one of {list(ORDERS)}")
         if order == "snake" and decay == "none":
             raise ValueError("lion order='snake' changes only the decay mask; use decay='fixed' or 'selective'")
-        if int(chunk) != chunk or chunk < 1:
+        if not is_count(chunk):
             raise ValueError(f"lion chunk={chunk!r} must be a positive number of tokens")
         if impl not in AF.LINEAR_IMPLS:
             raise ValueError(f"unknown impl={impl!r}; choose one of {list(AF.LINEAR_IMPLS)}")

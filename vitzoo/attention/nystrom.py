@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
+from ..options import is_count
 
 __all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_means", "iterative_pinv"]
 
@@ -147,11 +148,11 @@ class NystromAttention(ZooAttention):
         **kwargs,
     ):
         super().__init__(dim, num_heads, *args, **kwargs)
-        if int(num_landmarks) != num_landmarks or num_landmarks < 1:
+        if not is_count(num_landmarks):
             raise ValueError(f"num_landmarks must be a positive integer, got {num_landmarks!r}")
-        if int(pinv_iterations) != pinv_iterations or pinv_iterations < 1:
+        if not is_count(pinv_iterations):
             raise ValueError(f"pinv_iterations must be a positive integer (the paper uses 6), got {pinv_iterations!r}")
-        if conv_kernel is not None and (int(conv_kernel) != conv_kernel or conv_kernel < 1 or conv_kernel % 2 == 0):
+        if conv_kernel is not None and not (is_count(conv_kernel) and conv_kernel % 2 == 1):
             raise ValueError(
                 f"conv_kernel must be an odd positive integer (the paper uses 33) or null, got {conv_kernel!r}"
             )
@@ -167,8 +168,8 @@ class NystromAttention(ZooAttention):
             self.conv = nn.Conv2d(
                 num_heads,
                 num_heads,
-                (conv_kernel, 1),
-                padding=(conv_kernel // 2, 0),
+                (int(conv_kernel), 1),
+                padding=(int(conv_kernel) // 2, 0),
                 groups=num_heads,
                 bias=False,
                 device=kwargs.get("device"),

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
+from ..options import is_count
 
 __all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs", "relative_index"]
 
@@ -209,7 +210,7 @@ class WindowAttention(ZooAttention):
         **kwargs,
     ):
         super().__init__(dim, num_heads, *args, **kwargs)
-        if int(window_size) != window_size or window_size < 1:
+        if not is_count(window_size):
             raise ValueError(f"window_size must be a positive integer (tokens per window side), got {window_size!r}")
         self.window_size, self.shift, self.scale_mode = int(window_size), bool(shift), scale
         if scale == "log_n" and self.grid_size is None:
