@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..options import is_count
 from .canvas import canvas_rope
 from .rope import RopeSpec, build_rope, rotate_all
-from ..options import is_count
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 

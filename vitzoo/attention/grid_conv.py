@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .functional import mask_keys
 from ..options import is_count
+from .functional import mask_keys
 
 __all__ = ["GridDepthwiseConv", "grid_conv"]
 

@@ -7,10 +7,10 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..options import is_count
 from . import functional as AF
 from .grid import GridBoundAttention, GridModule, Layout, resample_tokens
 from .registry import register_attention
-from ..options import is_count
 
 __all__ = ["LinformerAttention", "TokenProjection", "linformer_attention", "linformer_probs", "resample_projection"]
 

@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..options import is_count
 from . import functional as AF
 from .base import ZooAttention
 from .decoupled import decoupled_linear
 from .registry import register_attention
 from .rope import rotate_all
-from ..options import is_count
 
 __all__ = [
     "LionAttention",

@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..options import is_count
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
-from ..options import is_count
 
 __all__ = ["NystromAttention", "nystrom_attention", "nystrom_probs", "segment_means", "iterative_pinv"]
 

@@ -13,10 +13,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..options import is_count
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
-from ..options import is_count
 
 __all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs", "relative_index"]
 
