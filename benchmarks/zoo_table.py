@@ -62,23 +62,36 @@ def _fmt(key: str, values: List[Optional[float]]) -> str:
         return f"{known[0] / 1e6:.2f}M"
     if key in ("MFLOPs/img", "train img/s", "peak train MB"):
         return f"{mean(known):.0f}"
-    if key.startswith("entropy"):
-        return " / ".join(f"{v:.3f}" for v in known)
-    cell = " / ".join(f"{100 * v:.1f}" for v in known)  # accuracies in %, one per seed
-    return cell + (f" (mean {100 * mean(known):.1f})" if len(known) > 1 else "")
+    # one value per seed, "-" where a seed has none; accuracies in %
+    per_seed = "{:.3f}" if key.startswith("entropy") else "{:.1f}"
+    scale = 1 if key.startswith("entropy") else 100
+    cell = " / ".join("-" if v is None else per_seed.format(scale * v) for v in values)
+    if key.startswith("entropy") or len(known) < 2:
+        return cell
+    of = "" if len(known) == len(values) else f" of {len(known)} seeds"
+    return cell + f" (mean{of} {100 * mean(known):.1f})"
 
 
 def _provenance(results: List[dict]) -> str:
-    """Which machine and torch each row was profiled on (rows may come from several calls and machines)."""
+    """The sentence naming which machine and torch each row was profiled on (rows may come from several calls and
+    machines), and which rows were not profiled."""
     groups: Dict[str, List[str]] = {}
+    unprofiled: List[str] = []
     for r in results:
-        where = f"{r['profile'].get('hardware', 'hardware not recorded')}, torch {r['row'].get('torch') or '?'}"
-        names = groups.setdefault(where, [])
-        if f"`{r['preset']}`" not in names:
-            names.append(f"`{r['preset']}`")
-    if len(groups) == 1:
-        return f"{next(iter(groups))} for every row"
-    return "; ".join(f"{where} for {', '.join(names)}" for where, names in groups.items())
+        name = f"`{r['preset']}`"
+        names = (
+            groups.setdefault(f"{r['profile']['hardware']}, torch {r['row']['torch']}", [])
+            if r["profile"]
+            else unprofiled
+        )
+        if name not in names:
+            names.append(name)
+    if not groups:
+        return "Not profiled (the profile phase did not run), so the params, FLOPs, img/s and memory cells are empty."
+    if len(groups) == 1 and not unprofiled:
+        return f"Profiled on {next(iter(groups))} for every row."
+    said = "; ".join(f"{where} for {', '.join(names)}" for where, names in groups.items())
+    return f"Profiled on {said}" + (f"; not profiled: {', '.join(unprofiled)}." if unprofiled else ".")
 
 
 def write_csv(results: List[dict], checkpoints: Checkpoints, path: Path) -> None:
@@ -131,7 +144,7 @@ def write_markdown(
         f"# Zoo benchmark, `{budget_name}` budget",
         "",
         f"{len(results)} runs, one result file each in `per-run/`, merged by `{command}` on "
-        f"{time.strftime('%Y-%m-%d')}. Profiled on {_provenance(results)}.",
+        f"{time.strftime('%Y-%m-%d')}. {_provenance(results)}",
         "",
         f"Recipe: `{exp}`" + (f" with `{' '.join(extra)}`" if extra else "") + " (same data split, seed, "
         "augmentation, optimiser and epochs for every row); model size: "

@@ -169,12 +169,16 @@ def test_table_takes_15x5_and_pgd_from_the_records_and_says_why_a_cell_is_empty(
     old = zoo_results.build("cpu", "agent", "vit_agent", 0, "zoo_cpu", [], {"val/acc1": 0.5}, {}, None)
     kept = zoo_results.build("cpu", "hydra", "vit_hydra", 0, "zoo_cpu", [], {"val/acc1": 0.5}, {}, None)
     del old["row"][CORRUPTION_15X5], old["row"][PGD_2]  # a result file written before these columns existed
-    results = sorted([good, broken, old, kept], key=zoo_table.order)
+    # a second seed whose attack check failed: its PGD cell is "-" beside seed 0's, and no mean is made of one value
+    second = _evaluated("vit_softmax", 1, lambda i, s: 0.41, pgd=0.5, fgsm=0.3)
+    for run in (good, second):  # the softmax runs were profiled, the others not
+        run["profile"], run["row"]["torch"] = {"hardware": "Test CPU, 2 cores"}, "9.9"
+    results = sorted([second, good, broken, old, kept], key=zoo_table.order)
     checkpoints = {("vit_hydra", 0)}  # only this run's checkpoint is in the work dir
 
     zoo_table.write_csv(results, checkpoints, tmp_path / "results.csv")
     with open(tmp_path / "results.csv") as f:
-        rows = {r["preset"]: r for r in csv.DictReader(f)}
+        rows = {r["preset"]: r for r in csv.DictReader(f) if r["seed"] == "0"}
     assert float(rows["vit_softmax"][CORRUPTION_15X5]) == pytest.approx(0.37)
     assert rows["vit_linear"][PGD_2].startswith("attack check failed: PGD above FGSM")
     assert rows["vit_agent"][CORRUPTION_15X5] == rows["vit_agent"][PGD_2] == "not run: no checkpoint"
@@ -184,7 +188,14 @@ def test_table_takes_15x5_and_pgd_from_the_records_and_says_why_a_cell_is_empty(
     text = (tmp_path / "results.md").read_text()
     cells = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     at = {name: zoo_table.COLUMNS.index(name) for name in (CORRUPTION_15X5, PGD_2)}
-    assert [cells["`vit_softmax`"][i] for i in at.values()] == ["37.0", "20.0"]
+    assert [cells["`vit_softmax`"][i] for i in at.values()] == ["37.0 / 41.0 (mean 39.0)", "20.0 / -"]
+    assert cells["`vit_softmax`"][zoo_table.COLUMNS.index("val acc")] == "60.0 / 60.0 (mean 60.0)"
+    assert (
+        "Profiled on Test CPU, 2 cores, torch 9.9 for `vit_softmax`; not profiled: `vit_agent`, `vit_hydra`, "
+        "`vit_linear`." in text
+    )
+    zoo_table.write_markdown([old, kept], "cpu", BUDGETS["cpu"], "cmd", checkpoints, [], tmp_path / "unprofiled.md")
+    assert "Not profiled (the profile phase did not run)" in (tmp_path / "unprofiled.md").read_text()
     assert [cells["`vit_linear`"][i] for i in at.values()] == [
         "40.0",
         "attack check failed: PGD above FGSM at 2/255 (0.500 > 0.300)",
