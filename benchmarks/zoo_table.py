@@ -62,14 +62,12 @@ def _fmt(key: str, values: List[Optional[float]]) -> str:
         return f"{known[0] / 1e6:.2f}M"
     if key in ("MFLOPs/img", "train img/s", "peak train MB"):
         return f"{mean(known):.0f}"
-    # one value per seed, "-" where a seed has none; accuracies in %
-    per_seed = "{:.3f}" if key.startswith("entropy") else "{:.1f}"
-    scale = 1 if key.startswith("entropy") else 100
-    cell = " / ".join("-" if v is None else per_seed.format(scale * v) for v in values)
-    if key.startswith("entropy") or len(known) < 2:
+    entropy = key.startswith("entropy")  # a fraction of log n; the other cells are accuracies, in %
+    cell = " / ".join("-" if v is None else (f"{v:.3f}" if entropy else f"{100 * v:.1f}") for v in values)
+    if entropy or len(known) < 2:
         return cell
     of = "" if len(known) == len(values) else f" of {len(known)} seeds"
-    return cell + f" (mean{of} {100 * mean(known):.1f})"
+    return cell + f" (mean {100 * mean(known):.1f}{of})"
 
 
 def _provenance(results: List[dict]) -> str:

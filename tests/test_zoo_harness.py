@@ -190,6 +190,8 @@ def test_table_takes_15x5_and_pgd_from_the_records_and_says_why_a_cell_is_empty(
     at = {name: zoo_table.COLUMNS.index(name) for name in (CORRUPTION_15X5, PGD_2)}
     assert [cells["`vit_softmax`"][i] for i in at.values()] == ["37.0 / 41.0 (mean 39.0)", "20.0 / -"]
     assert cells["`vit_softmax`"][zoo_table.COLUMNS.index("val acc")] == "60.0 / 60.0 (mean 60.0)"
+    assert zoo_table._fmt("val acc", [0.5, None, 0.6]) == "50.0 / - / 60.0 (mean 55.0 of 2 seeds)"
+    assert zoo_table._fmt("entropy end", [0.81234, None]) == "0.812 / -"
     assert (
         "Profiled on Test CPU, 2 cores, torch 9.9 for `vit_softmax`; not profiled: `vit_agent`, `vit_hydra`, "
         "`vit_linear`." in text
