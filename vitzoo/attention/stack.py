@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 from .registry import AttentionSpec, resolve_attention
 
-__all__ = ["is_stack", "block_specs", "check_attention", "per_block", "describe"]
+__all__ = ["is_stack", "block_specs", "stage_specs", "check_attention", "per_block", "describe"]
 
 _RANGE = re.compile(r"^(-?\d+)$|^(-?\d*):(-?\d*)$")
 
@@ -86,6 +86,28 @@ def block_specs(attention: Any, count: int) -> List[AttentionSpec]:
     for spec in specs:
         resolve_attention(spec)
     return specs
+
+
+def stage_specs(attention: Any, depths: Sequence[int]) -> List[List[AttentionSpec]]:
+    """One spec per block, grouped by stage, for a pyramid of ``depths`` blocks per stage.
+
+    ``attention`` is one spec (every block), a list of one entry per stage (each a spec or a stack for that stage's
+    blocks), or a per-block form over all ``sum(depths)`` blocks of the model (a list, or block ranges).
+    """
+    total = sum(depths)
+    if is_stack(attention) and not isinstance(attention, Mapping) and len(attention) == len(depths) != total:
+        return [block_specs(entry, depth) for entry, depth in zip(attention, depths)]
+    try:
+        flat = block_specs(attention, total)
+    except ValueError as err:
+        if is_stack(attention) and not isinstance(attention, Mapping) and len(attention) != total:
+            raise ValueError(
+                f"attention lists {len(attention)} entries for {len(depths)} stages of {list(depths)} blocks; give one "
+                f"per stage ({len(depths)}) or one per block ({total})"
+            ) from None
+        raise err
+    starts = [sum(depths[:i]) for i in range(len(depths))]
+    return [flat[start : start + depth] for start, depth in zip(starts, depths)]
 
 
 def check_attention(attention: Any) -> None:

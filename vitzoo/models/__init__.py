@@ -11,6 +11,7 @@ import torch.nn as nn
 from vitzoo.attention import AttentionSpec
 from .nonlocal_resnet import NonLocalBlock, NonLocalResNet
 from .pretrained import LoadReport, initialise_from
+from .registry import timm_name, zoo_names
 from .vit import VIT_ARCHS, ZooVisionTransformer, default_feature_levels
 
 __all__ = [
@@ -28,8 +29,9 @@ _ARCHS = tuple(VIT_ARCHS) + ("nonlocal_resnet18", "nonlocal_resnet50", "nonlocal
 
 
 def list_models() -> list:
-    """Sorted names of the zoo's architectures (each also reachable via ``timm.create_model``)."""
-    return sorted(_ARCHS)
+    """Sorted names of the zoo's architectures (each also reachable via ``timm.create_model``; those registered
+    through ``vitzoo.models.registry`` under timm's name ``vitzoo_<name>``)."""
+    return sorted(set(_ARCHS) | set(zoo_names()))
 
 
 def create_model(
@@ -41,7 +43,7 @@ def create_model(
     (``timm:<model>.<tag>``, a timm ``VisionTransformer`` state dict file, or a vitzoo export folder; see
     ``vitzoo.models.pretrained``). What was loaded is logged in one line.
     """
-    if arch not in _ARCHS:
+    if arch not in list_models():
         raise ValueError(f"unknown architecture {arch!r}; choose one of {list_models()}")
     model = _build(arch, attention, kwargs)
     if init_from is not None:
@@ -50,8 +52,9 @@ def create_model(
 
 
 def _build(arch: str, attention: AttentionSpec, kwargs: dict) -> nn.Module:
+    name = timm_name(arch) if arch in zoo_names() else arch
     try:
-        return timm.create_model(arch, attention=attention, **kwargs)
+        return timm.create_model(name, attention=attention, **kwargs)
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise
