@@ -11,12 +11,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from omegaconf import DictConfig
-from omegaconf.errors import MissingMandatoryValue
-
 from vitzoo.errors import MissingDependency
+from vitzoo.extras import extra_error
+
+try:
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+    from omegaconf import DictConfig
+    from omegaconf.errors import MissingMandatoryValue
+except ImportError as err:  # the core install: one line naming the extra
+    raise extra_error("train", "vitzoo.utils", err) from None
 
 __all__ = ["USER_ERRORS", "user_errors", "instantiate_config", "write_json"]
 

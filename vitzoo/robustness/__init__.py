@@ -6,11 +6,16 @@ whole sweep over several models and returns a ``RobustnessResult`` that writes e
 (``vitzoo.robustness.run.evaluate_checkpoints``, what ``eval.py`` runs, wraps it).
 """
 
-from .api import RobustnessResult, evaluate
-from .attention_noise import attention_noise
-from .corruptions import CORRUPTIONS, PROTOCOLS, corrupt, list_corruptions
-from .report import summarize
-from .sweep import Pass, Sweep, run_pass, sweep_passes
+from vitzoo.extras import extra_error
+
+try:
+    from .api import RobustnessResult, evaluate
+    from .attention_noise import attention_noise
+    from .corruptions import CORRUPTIONS, PROTOCOLS, corrupt, list_corruptions
+    from .report import summarize
+    from .sweep import Pass, Sweep, run_pass, sweep_passes
+except ImportError as err:  # the core install: one line naming the extra
+    raise extra_error("train", "vitzoo.robustness", err) from None
 
 __all__ = [
     "evaluate",
