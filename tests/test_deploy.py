@@ -221,6 +221,7 @@ def test_export_onnx_writes_model_onnx_next_to_the_hub_export(attention, backbon
     export_model(model, tmp_path, data_config={"input_size": (3, 32, 32)})
     path = export_onnx(tmp_path, img_size=None if size == "built" else SIZES[size])
     assert path == tmp_path / "model.onnx"
+    assert not (tmp_path / "model.onnx.data").exists()  # one self-contained file: the weights are inside it
     x = inputs(3, SIZES[size])
     got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"images": x.numpy()})[0])
     with torch.no_grad():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import textwrap
 from pathlib import Path
 
@@ -177,6 +178,21 @@ def test_cli_writes_an_export_and_reports_bad_checkpoints(tmp_path, capsys):
     assert load_exported(tmp_path / "out").num_classes == 0
     assert export_cli([str(tmp_path / "missing.ckpt"), str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_in_the_core_install_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    """Without Lightning: a missing checkpoint is still named first (before any import), then the extra."""
+    monkeypatch.setitem(sys.modules, "lightning", None)  # not installed, to importlib
+    assert export_cli([str(tmp_path / "missing.ckpt"), str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: checkpoint '{tmp_path / 'missing.ckpt'}' does not exist; ")
+    (tmp_path / "a.ckpt").write_bytes(b"")
+    assert export_cli([str(tmp_path / "a.ckpt"), str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: python -m vitzoo.export (a Lightning checkpoint) needs vitzoo's train extra (lightning not installed); "
+        "in a clone of vitzoo: pip install -e '.[train]' (or pip install '<clone>[train]')"
+    ]
+    assert not (tmp_path / "x").exists()
 
 
 def test_cli_keeps_an_existing_export_unless_forced(tmp_path, capsys):
