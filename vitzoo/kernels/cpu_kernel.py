@@ -26,7 +26,7 @@ import torch
 
 from .feature_maps import KERNEL_MAPS
 
-__all__ = ["cpu_kernel", "cpu_kernel_enabled"]
+__all__ = ["cpu_kernel", "cpu_kernel_enabled", "build_cpu_kernel"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "linear_attention_cpu.cpp"
 _ARCH_FLAGS = {  # torch's CPU capability -> what the compiler may assume
@@ -73,14 +73,16 @@ def _build() -> Optional[ModuleType]:
     capability = torch.backends.cpu.get_cpu_capability()
     _ensure_ninja_on_path()
     name = f"vitzoo_linear_attention_cpu_{capability.lower()}_{_install_tag()}"
-    built = (Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
-    log.log(
-        logging.DEBUG if built else logging.INFO,
-        "vitzoo: %s the CPU linear-attention kernel for %s%s",
-        "loading" if built else "building",
-        capability,
-        "" if built else " (about a minute, once per install)",
-    )
+    folder = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if (folder / f"{name}.so").is_file():
+        log.debug("vitzoo: loading the CPU linear-attention kernel for %s from %s", capability, folder)
+    else:  # visible at any log level: the first linear-attention step waits for it
+        print(
+            f"vitzoo: building the CPU linear-attention kernel for {capability} (about a minute, once per install; "
+            f"cached in {folder}); VITZOO_CPU_KERNEL=0 skips it, python -m vitzoo.kernels build builds it ahead",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         compiler = os.environ.get("CXX", "c++")
         if shutil.which(compiler) is None:
@@ -101,6 +103,12 @@ def _build() -> Optional[ModuleType]:
             stacklevel=3,
         )
         return None
+
+
+def build_cpu_kernel() -> Optional[ModuleType]:
+    """Build (or load) the kernel now, whatever VITZOO_CPU_KERNEL says; None when it cannot be built."""
+    with _lock:
+        return _build()
 
 
 def cpu_kernel(x: torch.Tensor, feature_map: str) -> Optional[ModuleType]:
