@@ -27,6 +27,7 @@ from .nystrom import NystromAttention
 from .performer import PerformerAttention, PerformerFeatureMap
 from .pola import PolaAttention
 from .rala import RalaAttention
+from .ravlt_softmax import RavltSoftmaxAttention
 from .registry import (
     AttentionSpec,
     attention_layer,
@@ -94,6 +95,7 @@ __all__ = [
     "PerformerAttention",
     "PolaAttention",
     "RalaAttention",
+    "RavltSoftmaxAttention",
     "SoftmaxAttention",
     "SynthDenseAttention",
     "SynthFactorizedDenseAttention",
