@@ -2,8 +2,9 @@
 
 ``ZooAttention`` owns what all mechanisms share -- the input projections and their head layout
 (``heads: split | projected``), qk-norm, logit noise, 2-D RoPE (``rope``), the sigmoid output gate (``gate``), the
-output projection -- and asks its subclass only how tokens mix (``mix``) and what the (implied) attention matrix is
-(``probs``).
+output projection, PVT's spatial reduction of the keys (``sr_ratio``, ``sr_pool``), Swin's (shifted) windows around
+the mixing (``window``) -- and asks its subclass only how tokens mix (``mix``) and what the (implied) attention
+matrix is (``probs``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..options import is_count
 from .canvas import canvas_rope
+from .reduction import spatial_reduction
 from .rope import RopeSpec, build_rope, rotate_all
+from .windowed import windowed_mix
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 
@@ -59,12 +63,25 @@ class HeadProjection(nn.Module):
             self.head_weight = nn.Parameter(torch.empty(num_outputs, dim, num_heads * head_dim, **dd))
             nn.init.normal_(self.head_weight, std=dim**-0.5)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor, kv_input: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+        """All outputs of x; with ``kv_input`` (spatial reduction), the first output (q) of x, the rest of it."""
+        if kv_input is None:
+            return self._outputs(x, 0, self.num_outputs)
+        return self._outputs(x, 0, 1) + self._outputs(kv_input, 1, self.num_outputs)
+
+    def _outputs(self, x: torch.Tensor, start: int, stop: int) -> Tuple[torch.Tensor, ...]:
         B, N, _ = x.shape
-        out = self.proj(x).reshape(B * N, self.num_outputs, -1)
+        count = stop - start
+        if count == self.num_outputs:
+            out = self.proj(x)
+        else:  # the rows of outputs start..stop-1 of the one weight
+            width = self.proj.out_features // self.num_outputs
+            rows = slice(start * width, stop * width)
+            out = F.linear(x, self.proj.weight[rows], None if self.proj.bias is None else self.proj.bias[rows])
+        out = out.reshape(B * N, count, -1)
         if self.head_weight is not None:
-            out = torch.bmm(out.transpose(0, 1), self.head_weight).transpose(0, 1)
-        out = out.reshape(B, N, self.num_outputs, self.num_heads, self.head_dim)
+            out = torch.bmm(out.transpose(0, 1), self.head_weight[start:stop]).transpose(0, 1)
+        out = out.reshape(B, N, count, self.num_heads, self.head_dim)
         return out.permute(2, 0, 3, 1, 4).unbind(0)
 
 
@@ -87,6 +104,12 @@ class ZooAttention(nn.Module):
     # ``mix`` turns its kernel features itself, via ``rope_angles``); ``no_rope`` says why it takes none instead.
     rope_form: Optional[str] = None
     no_rope: Optional[str] = None
+    # why the keys cannot be spatially reduced (sr_ratio / sr_pool); None: every key and value may come from the
+    # reduced grid (the mixing treats the keys as a set)
+    no_sr: Optional[str] = (
+        "its keys are tied to the query grid (position tables, convs over V or windows); set sr_ratio: 1"
+    )
+    no_window: Optional[str] = None  # why it takes no ``window`` (None: any window runs it)
 
     def __init__(
         self,
@@ -105,6 +128,10 @@ class ZooAttention(nn.Module):
         logit_noise: float = 0.0,
         rope: RopeSpec = None,
         gate: Optional[str] = None,
+        sr_ratio: int = 1,
+        sr_pool: Optional[int] = None,
+        window: Optional[int] = None,
+        window_shift: bool = True,
         dim_out: Optional[int] = None,
         num_tokens: Optional[int] = None,
         num_prefix_tokens: int = 0,
@@ -166,15 +193,47 @@ class ZooAttention(nn.Module):
         self.out_gate = (
             nn.Linear(dim, self.attn_dim if gate == "channel" else num_heads, bias=qkv_bias, **dd) if gate else None
         )
+        self.sr = spatial_reduction(type(self).__name__, dim, sr_ratio, sr_pool, self.no_sr, **dd)
+        if self.sr is not None and (self.projections[0] != "q" or len(self.projections) < 2 or rope is not None):
+            raise ValueError(
+                f"{type(self).__name__} takes no spatial reduction with these options: it reduces the keys and values "
+                "of a mechanism with queries, and keys on another grid than the queries take no rope; set sr_ratio: 1"
+            )
+        self.window, self.window_shift = self._window(window, window_shift, num_prefix_tokens)
         self.register_load_state_dict_pre_hook(ZooAttention._timm_qkv_names)
 
+    def _window(self, window: Optional[int], shift: bool, num_prefix: int) -> Tuple[Optional[int], bool]:
+        if window is None:
+            return None, bool(shift)
+        if self.no_window is not None:
+            raise ValueError(f"{type(self).__name__} takes no window option: {self.no_window}")
+        if not is_count(window):
+            raise ValueError(f"window must be a positive integer (tokens per window side) or null, got {window!r}")
+        if num_prefix:
+            raise ValueError(
+                f"window={window}: windows cut the patch grid, and this model has {num_prefix} prefix (class / "
+                "register) tokens; build it without them (class_token=False, global_pool='avg') or drop window"
+            )
+        if not isinstance(shift, bool):
+            raise ValueError(f"window_shift={shift!r}; give true or false")
+        return int(window), shift
+
     def _timm_qkv_names(self, state_dict: dict, prefix: str, *args) -> None:
-        """Read timm's fused ``qkv`` as ``in_proj.proj`` (the same tensor for split q, k, v heads: a split-head
-        softmax export keeps timm's names so that plain timm loads it)."""
+        """Read timm's fused ``qkv`` (ViT, Swin), or its ``q`` and ``kv`` (PVT), as ``in_proj.proj`` (the same tensor
+        for split q, k, v heads: a split-head softmax export keeps timm's names so that plain timm loads it), and
+        PVT's ``sr`` and ``norm`` as the spatial reduction's."""
         if self.heads == "split" and tuple(self.projections) == ("q", "k", "v"):
             for kind in ("weight", "bias"):
                 if f"{prefix}qkv.{kind}" in state_dict:
                     state_dict[f"{prefix}in_proj.proj.{kind}"] = state_dict.pop(f"{prefix}qkv.{kind}")
+                if f"{prefix}q.{kind}" in state_dict and f"{prefix}kv.{kind}" in state_dict:
+                    parts = (state_dict.pop(f"{prefix}q.{kind}"), state_dict.pop(f"{prefix}kv.{kind}"))
+                    state_dict[f"{prefix}in_proj.proj.{kind}"] = torch.cat(parts)
+        if self.sr is not None and isinstance(self.norm, nn.Identity):
+            for kind in ("weight", "bias"):
+                for name in ("sr", "norm"):
+                    if f"{prefix}{name}.{kind}" in state_dict:
+                        state_dict[f"{prefix}sr.{name}.{kind}"] = state_dict.pop(f"{prefix}{name}.{kind}")
 
     # -- what a mechanism implements -------------------------------------------------------
     def mix(
@@ -279,8 +338,10 @@ class ZooAttention(nn.Module):
         return self.rope.angles(grid, self.num_prefix_tokens, like)
 
     def project(self, x: torch.Tensor):
-        """q, k, v as (B, H, N, D) (None for projections the mechanism does not use)."""
-        outs = self.in_proj(x)
+        """q, k, v as (B, H, N, D) (None for projections the mechanism does not use); with a spatial reduction, k and v
+        (B, H, n', D) of the reduced grid."""
+        reduced = None if self.sr is None else self.sr(x, self.current_grid(x.shape[1]), self.num_prefix_tokens)
+        outs = self.in_proj(x, reduced)
         out = {name: outs[i] for i, name in enumerate(self.projections)}
         q, k = out.get("q"), out.get("k")
         if q is not None:
@@ -313,7 +374,7 @@ class ZooAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"heads={self.heads}, num_heads={self.num_heads}, head_dim={self.head_dim}, logit_noise={self.logit_noise}"
-            f", gate={self.gate_mode}"
+            f", gate={self.gate_mode}" + (f", window={self.window}" if self.window else "")
         )
 
 
@@ -339,11 +400,24 @@ def attend(
     """``layer.mix`` (train/eval logit noise as the layer is now) and the layer's attention probe, if any; q and k
     turned by the layer's RoPE first where it takes the ``rotate`` form."""
     layer.check_mask(attn_mask, is_causal, x)
+    if (layer.sr is not None or layer.window is not None) and (attn_mask is not None or is_causal):
+        raise ValueError(
+            f"{type(layer).__name__} with sr_ratio / sr_pool / window takes no attn_mask or is_causal: its keys are "
+            "not the input's tokens one by one; give one batch of one size, unmasked"
+        )
     if layer.rope is not None and layer.rope_form != "decoupled":  # decoupled: mix turns its features itself
         if layer.rope_form != "rotate" or q is None or k is None:
             raise TypeError(f"{type(layer).__name__} has a rope but no rope_form among {ROPE_FORMS} (or no_rope)")
         q, k = rotate_all(layer.rope_angles(q.shape[-2], q), q, k)
-    out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
+    if layer.window is not None:
+        out = windowed_mix(layer, x, q, k, v, layer.active_logit_noise)
+    else:
+        out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
+    if layer.attention_probe is not None and (layer.sr is not None or layer.window is not None):
+        raise ValueError(
+            f"{type(layer).__name__} with sr_ratio / sr_pool / window has no attention probe (its keys are not the "
+            "input's tokens one by one); probe a model without them"
+        )
     if layer.attention_probe is not None:
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])
     return out

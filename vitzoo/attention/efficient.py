@@ -22,6 +22,7 @@ class EfficientAttention(ZooAttention):
 
     rope_form = "decoupled"
     has_logits = False
+    no_sr = None
     no_causal = "it has no causal form; use attention='linear' with causal: true"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):

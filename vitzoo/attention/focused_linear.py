@@ -86,6 +86,7 @@ class FocusedLinearAttention(LinearAttention, GridBoundAttention):
 
     no_causal = "its conv sees both sides; drop causal, or use attention='linear' with causal: true"
     resampled = "key position encoding"
+    no_sr = "its key position table and DWC(V) sit on the query grid (FLatten's PVT reduces only its softmax stages)"
 
     def __init__(
         self,

@@ -24,6 +24,7 @@ class LinearAttention(ZooAttention):
     """
 
     has_logits = False
+    no_sr = None
 
     def __init__(
         self,
@@ -42,6 +43,8 @@ class LinearAttention(ZooAttention):
         self.phi = build_feature_map(feature_map, self.head_dim, num_heads)
         self.eps, self.causal, self.impl = eps, causal, impl
         self.rope_form = self.phi.rope_form
+        if self.causal and self.sr is not None:
+            raise ValueError("causal with sr_ratio / sr_pool: reduced keys have no order; drop one of them")
         if self.rope is not None and self.rope_form == "decoupled":
             self.check_decoupled_rope()
 

@@ -18,6 +18,7 @@ class SoftmaxAttention(ZooAttention):
     """softmax(q k^T * scale) v; ``fused`` uses SDPA, the eager twin materialises the matrix."""
 
     rope_form = "rotate"
+    no_sr = None
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ mathematics, cost and resolution behaviour are in docs/mechanisms.md, section 13
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -17,58 +17,11 @@ from ..options import is_count
 from . import functional as AF
 from .base import ZooAttention
 from .registry import register_attention
+from .windowed import window_layout
 
-__all__ = ["WindowAttention", "Windows", "window_layout", "window_attention", "window_probs", "relative_index"]
+__all__ = ["WindowAttention", "window_attention", "window_probs", "relative_index"]
 
 Grid = Tuple[int, int]
-
-
-class Windows(NamedTuple):
-    """How an (h, w) grid is cut: window ``size`` per axis, ``pad`` (top, bottom, left, right) in tokens."""
-
-    grid: Grid
-    size: Grid
-    pad: Tuple[int, int, int, int]
-
-    @property
-    def counts(self) -> Grid:
-        """Windows per axis."""
-        (top, bottom, left, right), (h, w) = self.pad, self.grid
-        return (h + top + bottom) // self.size[0], (w + left + right) // self.size[1]
-
-    def index(self, device=None) -> torch.Tensor:  # type: ignore[override]  # public API, shadows tuple.index
-        """The window of each grid token, row-major: (h * w,)."""
-        rows = (torch.arange(self.grid[0], device=device) + self.pad[0]) // self.size[0]
-        cols = (torch.arange(self.grid[1], device=device) + self.pad[2]) // self.size[1]
-        return (rows[:, None] * self.counts[1] + cols[None, :]).flatten()
-
-    def partition(self, t: torch.Tensor) -> torch.Tensor:
-        """Grid tokens (..., h*w, D) -> windows (..., n_windows, wh*ww, D), zero-padded."""
-        (nh, nw), (wh, ww) = self.counts, self.size
-        top, bottom, left, right = self.pad
-        g = F.pad(t.unflatten(-2, self.grid), (0, 0, left, right, top, bottom))
-        return g.unflatten(-3, (nh, wh)).unflatten(-2, (nw, ww)).transpose(-4, -3).flatten(-3, -2).flatten(-4, -3)
-
-    def merge(self, t: torch.Tensor) -> torch.Tensor:
-        """Windows (..., n_windows, wh*ww, D) -> grid tokens (..., h*w, D), padding dropped."""
-        (nh, nw), (wh, ww), (h, w) = self.counts, self.size, self.grid
-        g = t.unflatten(-3, (nh, nw)).unflatten(-2, (wh, ww)).transpose(-4, -3).flatten(-5, -4).flatten(-3, -2)
-        return g[..., self.pad[0] : self.pad[0] + h, self.pad[2] : self.pad[2] + w, :].flatten(-3, -2)
-
-
-def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Windows:
-    """Windows of ``window_size`` (clipped to the grid per axis); ``shifted`` moves the borders by w // 2.
-
-    Padding the front by w - w // 2 gives the partition Swin reaches with a cyclic shift and its
-    attention mask (first window w // 2 wide); the rest is padded at the back.
-    """
-    sizes, pads = [], []
-    for g in grid:
-        w = min(window_size, g)
-        front = w - w // 2 if shifted and g > w and w > 1 else 0
-        sizes.append(w)
-        pads += [front, -(g + front) % w]
-    return Windows((grid[0], grid[1]), (sizes[0], sizes[1]), (pads[0], pads[1], pads[2], pads[3]))
 
 
 def relative_index(rows: torch.Tensor, cols: torch.Tensor, window_size: int) -> torch.Tensor:
@@ -196,6 +149,7 @@ class WindowAttention(ZooAttention):
     """
 
     rope_form = "rotate"  # positions on the whole grid: each window's scores see offsets
+    no_window = "it is window attention already; set its window_size"
     no_causal = "its mask is the window partition; use attention='softmax' for causal inputs"
 
     def __init__(
@@ -233,6 +187,12 @@ class WindowAttention(ZooAttention):
                 )
             )
             nn.init.trunc_normal_(self.rel_table, std=0.02)
+        self.register_load_state_dict_pre_hook(WindowAttention._timm_table_name)
+
+    def _timm_table_name(self, state_dict: dict, prefix: str, *args) -> None:
+        """Read timm's Swin ``relative_position_bias_table`` as ``rel_table``."""
+        if f"{prefix}relative_position_bias_table" in state_dict:
+            state_dict[f"{prefix}rel_table"] = state_dict.pop(f"{prefix}relative_position_bias_table")
 
     @property
     def shifted(self) -> bool:

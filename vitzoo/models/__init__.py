@@ -9,6 +9,7 @@ import timm
 import torch.nn as nn
 
 from vitzoo.attention import AttentionSpec
+from . import pvt, pvt_v2, swin  # noqa: F401  (register the architectures)
 from . import mlla, ravlt  # noqa: F401  (register the architectures)
 from .nonlocal_resnet import NonLocalBlock, NonLocalResNet
 from .pretrained import LoadReport, initialise_from
