@@ -1,5 +1,5 @@
 """Hub conventions of an export: timm's ``attn.qkv`` names for split-head softmax (plain timm loads it), a model card
-declaring the repository's licence, and ``push_to_hub`` through timm's ``push_to_hf_hub`` (its upload mocked)."""
+declaring the repository's licence, and ``push_to_hub`` in timm's hub layout (its upload mocked)."""
 
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ def test_every_export_has_a_model_card_with_the_repositorys_licence(tmp_path):
 
 
 def test_push_to_hub_uploads_the_export_through_timm(tmp_path, monkeypatch):
-    import timm.models._hub as hub
+    import vitzoo.export.hub as hub
 
     uploaded = {}
 
-    class FakeApi:  # what push_to_hf_hub calls on huggingface_hub.HfApi; nothing leaves the machine
+    class FakeApi:  # what push_to_hub calls on huggingface_hub.HfApi; nothing leaves the machine
         def __init__(self, **kwargs):
             pass
 

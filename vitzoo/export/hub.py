@@ -3,7 +3,8 @@
 Weights and config are written by timm's public ``save_for_hf``, so ``timm.create_model('local-dir:<dir>',
 pretrained=True)`` reads back exactly what was saved: the architecture, ``model_args`` (the full
 attention spec as JSON, the model's shape, ``num_classes``) and ``pretrained_cfg`` (input size,
-mean/std, interpolation). A ``vitzoo`` entry adds the weights' SHA-256 so corruption is caught.
+mean/std, interpolation). A ``vitzoo`` entry adds the weights' SHA-256 so corruption is caught, and the weights
+file's metadata names the attention (``vitzoo_attention``), so a builder handed the file alone can check it.
 """
 
 from __future__ import annotations
@@ -11,17 +12,23 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
 import timm
 import torch.nn as nn
-from timm.models import push_to_hf_hub, save_for_hf
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from huggingface_hub import HfApi
+from timm.models import save_for_hf
 
 import vitzoo
 from vitzoo.attention import SoftmaxAttention
 from vitzoo.models.local_dir import (
+    ATTENTION_KEY,
     CONFIG_NAME,
     WEIGHTS_NAME,
     check_export,
@@ -92,12 +99,24 @@ def export_model(
             data_config=dict(data_config or {}),
         )
     weights, config_file = out / WEIGHTS_NAME, out / CONFIG_NAME
+    _record_attention(model, weights)
     _chmod_like_a_new_file(weights)
     config = json.loads(config_file.read_text())
     config["vitzoo"]["weights_sha256"] = file_sha256(weights)
     config_file.write_text(json.dumps(config, indent=2))
     (out / CARD_NAME).write_text(render_card(model_card(config, out.resolve().name), out.resolve().name) + "\n")
     return out
+
+
+def _record_attention(model: nn.Module, weights: Path) -> None:
+    """The attention spec into the weights file's metadata, so that a loader handed the file alone (timm's
+    ``pretrained_cfg_overlay=dict(file=...)``) can tell it from another mechanism's (``check_weights_attention``)."""
+    if not type(model).__module__.startswith("vitzoo."):
+        return
+    spec = _pinned_args(model).get("attention", getattr(model, "_model_args", {}).get("attention", "softmax"))
+    with safe_open(str(weights), framework="pt") as f:
+        metadata = f.metadata() or {}
+    save_file(load_file(str(weights)), str(weights), metadata={**metadata, ATTENTION_KEY: json.dumps(spec)})
 
 
 @contextmanager
@@ -129,25 +148,20 @@ def push_to_hub(
     private: bool = False,
     commit_message: str = "Add model",
 ) -> Any:
-    """Upload an export to the Hugging Face Hub through timm's ``push_to_hf_hub``: the same weights, config
-    (``vitzoo`` entry included) and model card. Returns the hub's commit info."""
+    """Upload an export to the Hugging Face Hub as timm's ``push_to_hf_hub`` lays it out: the export's own weights
+    file (its attention metadata included) and config, and its model card named after the repository (kept when
+    the repository has a README.md already). Returns the hub's commit info."""
     config = check_export(export_dir)
-    model = load_exported(export_dir)
-    pre = config.get("pretrained_cfg") or {}
-    data_config = {k: pre[k] for k in ("input_size", "mean", "std", "interpolation", "crop_pct") if k in pre}
-    with _timm_attention_names(model):
-        return push_to_hf_hub(
-            model,
-            repo_id,
-            commit_message=commit_message,
-            token=token,
-            private=private,
-            model_config={"vitzoo": config["vitzoo"]},
-            model_args=config.get("model_args"),
-            model_card=model_card(config, repo_id.split("/")[-1]),
-            safe_serialization=True,
-            data_config=data_config,
-        )
+    api = HfApi(token=token, library_name="timm", library_version=timm.__version__)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    has_readme = api.file_exists(repo_id=repo_id, filename=CARD_NAME)
+    with TemporaryDirectory() as folder:
+        for name in (WEIGHTS_NAME, CONFIG_NAME):
+            shutil.copyfile(Path(export_dir) / name, Path(folder) / name)
+        if not has_readme:
+            name = repo_id.split("/")[-1]
+            (Path(folder) / CARD_NAME).write_text(render_card(model_card(config, name), name) + "\n")
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message)
 
 
 def _pinned_args(model: Any) -> Dict[str, Any]:

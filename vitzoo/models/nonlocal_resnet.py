@@ -123,7 +123,8 @@ def _spread(num_blocks: int, count: int) -> set:
 
 
 def _create(variant: str, pretrained: bool, block, layers, **kwargs):
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
+    overlay = kwargs.get("pretrained_cfg_overlay")
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), overlay, kwargs.get("attention", "softmax"))
     return build_model_with_cfg(NonLocalResNet, variant, pretrained, block=block, layers=layers, **kwargs)
 
 

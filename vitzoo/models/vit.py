@@ -101,7 +101,7 @@ def default_feature_levels(depth: int, levels: int = 4) -> Tuple[int, ...]:
 def _create_vit(
     variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", block: str = "timm", **kwargs
 ):
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
     img_size = to_2tuple(kwargs.get("img_size", 224))
     patch_size = to_2tuple(kwargs.get("patch_size", 16))
     grid = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
