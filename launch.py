@@ -165,6 +165,14 @@ def check_paths(cfg: DictConfig, files: Sequence[str] = (), inputs: Sequence[str
             sys.exit(f"error: data.root={root!r} is not a folder; pass data.root=<the folder that holds the images>")
 
 
+def check_types(cfg: DictConfig) -> None:
+    """Before any import of the pipeline: a value of a group without a schema (the Lightning ``trainer``) that its
+    type refuses is one line on stderr, exit 1 (``vitzoo.options.type_error``)."""
+    error = sys.modules["vitzoo.options"].type_error(cfg)  # loaded by register_schemas, without torch
+    if error:
+        sys.exit(f"error: {error}")
+
+
 def _files(run_dir: Path, skip: Path) -> Dict[Path, int]:
     """Every file under ``run_dir`` outside ``skip``, with its size."""
     return {p: p.stat().st_size for p in run_dir.rglob("*") if p.is_file() and skip not in p.parents}

@@ -2,7 +2,7 @@
 
 from typing import Optional
 
-from launch import check_paths, launch, refused_start_leaves_nothing  # first: names a missing train extra
+from launch import check_paths, check_types, launch, refused_start_leaves_nothing  # first: names a missing train extra
 
 import hydra
 from omegaconf import DictConfig
@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> Optional[float]:
     with refused_start_leaves_nothing(cfg):
         check_paths(cfg, files=["ckpt_path"] if cfg.get("ckpt_path") else [])
+        check_types(cfg)
         from vitzoo.training import train  # torch, timm, Lightning: after the cheap checks
         from vitzoo.utils import user_errors
 

@@ -41,6 +41,8 @@ def _refused(proc, fix: str) -> None:
     [
         ("train.py", ["data=imagefolder", "data.root=no/such/folder"], "data.root="),
         ("train.py", ["ckpt_path=no/such/last.ckpt"], "pass a checkpoint file"),
+        ("train.py", ["trainer.max_epochs=abc"], "trainer.max_epochs='abc' is not a valid Optional[int] "),
+        ("train.py", ["trainer.devices=2", "trainer.num_nodes=1.5"], "pass trainer.num_nodes=<int>"),
         ("predict.py", ["ckpt_path=seg.ckpt", "input=empty", "output=out"], "holds no files"),
         ("predict.py", ["ckpt_path=seg.ckpt", "input=no/such/images", "output=out"], "does not exist"),
         ("eval.py", ["ckpt_path=[seg.ckpt,no/such/last.ckpt]"], "no/such/last.ckpt' does not exist"),

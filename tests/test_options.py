@@ -198,3 +198,15 @@ def test_the_classifier_stores_plain_complete_options():
     assert module.hparams.mixup["cutmix_alpha"] == 1.0 and module.mixup is not None
     with pytest.raises(ValueError, match=r"module.optim has no option\(s\) \['lrate'\]"):
         ImageClassifier("vit_cifar", "softmax", num_classes=10, img_size=16, optim={"lrate": 1.0})
+
+
+def test_type_error_names_the_first_trainer_value_its_type_refuses():
+    from omegaconf import OmegaConf
+
+    from vitzoo.options import type_error
+
+    assert type_error(OmegaConf.create({"trainer": {"max_epochs": 3, "precision": 32, "strategy": {"x": 1}}})) is None
+    assert type_error(OmegaConf.create({"trainer": {"max_epochs": "3", "enable_progress_bar": "maybe"}})) == (
+        "trainer.enable_progress_bar='maybe' is not a valid bool (Value 'maybe' is not a valid bool (type str)); "
+        "pass trainer.enable_progress_bar=<bool>"
+    )

@@ -36,6 +36,9 @@ __all__ = [
     "SegmentationDataOptions",
     "ShapesDataOptions",
     "PredictOptions",
+    "TrainerTypes",
+    "TYPED_GROUPS",
+    "type_error",
     "SCHEMAS",
     "register_configs",
     "reject_unknown",
@@ -381,6 +384,57 @@ class PredictOptions:
     probs: bool = False  # also write <name>_probs.npy (float16, classes x H x W)
     batch_size: int = 8  # windows per forward pass
     device: str = "auto"  # auto | cpu | cuda | cuda:1
+
+
+@dataclass
+class TrainerTypes:
+    """The types of the Lightning ``Trainer`` arguments configs/trainer/ sets, without values: the YAML holds them
+    and takes any other Trainer argument (``+trainer.<name>=...``), so this is no schema; train.py checks the
+    arguments named here before Lightning loads (:func:`type_error`)."""
+
+    accelerator: str
+    devices: Any  # an int, a list of device ids or "auto"
+    num_nodes: int
+    max_epochs: Optional[int]
+    max_steps: int
+    precision: str
+    gradient_clip_val: Optional[float]
+    check_val_every_n_epoch: Optional[int]
+    log_every_n_steps: int
+    deterministic: Any  # a bool or "warn"
+    benchmark: Optional[bool]
+    enable_model_summary: bool
+    enable_progress_bar: bool
+    accumulate_grad_batches: int
+    sync_batchnorm: bool
+
+
+TYPED_GROUPS = {"trainer": TrainerTypes}  # the groups without a schema whose values type_error checks
+
+
+def type_error(cfg: Any) -> Optional[str]:
+    """The first value of a :data:`TYPED_GROUPS` group in the composed ``cfg`` that its type refuses, as one line
+    naming the key and the type; None when all fit."""
+    from omegaconf import OmegaConf, ValidationError
+
+    for group, types in TYPED_GROUPS.items():
+        node = cfg.get(group)
+        if node is None:
+            continue
+        typed = OmegaConf.structured(types)
+        for f in fields(types):
+            if f.name not in node:
+                continue
+            try:
+                typed[f.name] = node[f.name]
+            except ValidationError as err:
+                expected = str(f.type).replace("Optional[", "").rstrip("]")
+                return (
+                    f"{group}.{f.name}={node[f.name]!r} is not a valid {f.type} "
+                    f"({str(err.msg).splitlines()[0]}); pass {group}.{f.name}=<{expected}>"
+                    + (" or null" if "Optional" in str(f.type) else "")
+                )
+    return None
 
 
 SCHEMAS = {  # the schemas configs/ names (optim and mixup are inside module)
