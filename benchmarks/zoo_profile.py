@@ -22,14 +22,14 @@ from memory import status_mib
 from zoo_plan import ROOT, Run
 
 
-def _eager_twins(model) -> None:
+def eager_twins(model) -> None:
     """Switch fused paths to their eager twins so FlopCounterMode sees every attention matmul."""
-    from vitzoo.attention import LinearAttention, SoftmaxAttention
+    from vitzoo.attention import SoftmaxAttention, ZooAttention
 
     for m in model.modules():
         if isinstance(m, SoftmaxAttention):
             m.fused = False
-        elif isinstance(m, LinearAttention):
+        elif isinstance(m, ZooAttention) and hasattr(m, "impl"):
             m.impl = "eager"
 
 
@@ -85,7 +85,7 @@ def profile_one(ckpt: Path, batch_size: int, steps: int) -> Dict[str, float]:
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else status_mib("VmHWM") - base
     times.sort()
     model.eval()
-    _eager_twins(model)
+    eager_twins(model)
     with FlopCounterMode(display=False) as counter:
         model(x[:1])
     return {

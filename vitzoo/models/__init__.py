@@ -9,7 +9,7 @@ import timm
 import torch.nn as nn
 
 from vitzoo.attention import AttentionSpec
-from . import pvt, pvt_v2, swin  # noqa: F401  (register the architectures)
+from . import pvt, pvt_v2, releases, swin  # noqa: F401  (register the architectures)
 from . import mlla, ravlt  # noqa: F401  (register the architectures)
 from .nonlocal_resnet import NonLocalBlock, NonLocalResNet
 from .pretrained import LoadReport, initialise_from
@@ -37,9 +37,15 @@ def list_models() -> list:
 
 
 def create_model(
-    arch: str, attention: AttentionSpec = "softmax", init_from: Optional[Union[str, os.PathLike]] = None, **kwargs
+    arch: str,
+    attention: Optional[AttentionSpec] = None,
+    init_from: Optional[Union[str, os.PathLike]] = None,
+    **kwargs,
 ) -> nn.Module:
-    """Build ``arch`` with ``attention`` (a name or ``{"name": ..., options}``); kwargs go to timm.
+    """Build ``arch`` with ``attention`` (a name, ``{"name": ..., options}``, or a stack); kwargs go to timm.
+
+    ``attention=None`` builds the architecture's own: softmax for the ViTs, ResNets and PVTs, Swin's windowed
+    attention for Swin, the release's mix for a published model (``flatten_pvt_tiny``, ...).
 
     ``init_from``: a pretrained softmax ViT whose weights initialise the model, whatever its mechanism
     (``timm:<model>.<tag>``, a timm ``VisionTransformer`` state dict file, or a vitzoo export folder; see
@@ -53,10 +59,12 @@ def create_model(
     return model
 
 
-def _build(arch: str, attention: AttentionSpec, kwargs: dict) -> nn.Module:
+def _build(arch: str, attention: Optional[AttentionSpec], kwargs: dict) -> nn.Module:
     name = timm_name(arch) if arch in zoo_names() else arch
+    if attention is not None:
+        kwargs = {**kwargs, "attention": attention}
     try:
-        return timm.create_model(name, attention=attention, **kwargs)
+        return timm.create_model(name, **kwargs)
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise

@@ -24,7 +24,7 @@ from timm.models.swin_transformer import (
 )
 from timm.models.vision_transformer import init_weights_vit_timm
 
-from vitzoo.attention import AttentionSpec
+from vitzoo.attention import AttentionSpec, resolve_attention
 from vitzoo.attention.base import share_grid
 from .local_dir import verify_local_dir
 from .pyramid import stage_attention, stage_layer, with_defaults
@@ -83,9 +83,8 @@ class ZooSwinTransformer(SwinTransformer):
             for index, (block, spec) in enumerate(zip(stage.blocks, specs)):
                 old = block.attn
                 spec = with_defaults(swin_softmax(spec), {"window": window})
-                named = spec if isinstance(spec, str) else spec["name"]
-                windowed = named != "window"
-                side = (min(window, grid[0]), min(window, grid[1])) if windowed else grid
+                own = resolve_attention(spec)[1].get("window")  # None: windowed itself (``window``), on the grid
+                side = (min(own, grid[0]), min(own, grid[1])) if own else grid
                 block.attn = stage_layer(
                     spec,
                     s,
