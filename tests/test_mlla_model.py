@@ -158,8 +158,8 @@ def test_stem_and_merging_shapes():
 
 
 def test_official_state_dict_loads_strictly_and_gives_the_official_forward():
-    """A reduced MLLA-T (depths 1-1-2-1) at a non-square 64 x 96 input, float64, official layout and formulas."""
-    depths = (1, 1, 2, 1)
+    """A reduced MLLA-T (depths 1-1-1-1) at a non-square 64 x 96 input, float64, official layout and formulas."""
+    depths = (1, 1, 1, 1)
     shapes = official_shapes(64, depths, TINY["num_heads"], classes=5, grid=16)
     sd = random_state(shapes)
     model = vitzoo.create_model("mlla_tiny", attention=None, depths=depths, num_classes=5, img_size=64).double()
