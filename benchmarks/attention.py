@@ -8,14 +8,16 @@
     python benchmarks/attention.py --e2e                 # + ViT-Tiny 1024x1024 patch 8, batch 8: inference, train step
     python benchmarks/attention.py --e2e-only            # only that
     python benchmarks/attention.py --device cpu --min-n 16384 --max-n 16384 --retain-freed-memory   # the CPU target
+    python benchmarks/attention.py --device cpu --pyramid   # + the pyramids' stage shapes: the committed CPU table
 
 Mechanisms: softmax (SDPA), linear naive (elu+1 features materialised, an einsum chain, as it is often written),
 linear eager (vitzoo's reference formula, matmul-shaped), linear fused (the torch path: on CPU its steps in the
 compiled kernel, ``linear_torch``, and in torch ops, ``linear_torch_ops``; the Triton kernels on CUDA), efficient
 attention, and the families users compare against: performer (256 random features) and focused_linear (FLatten's
-features) on the fused path through precomputed features, hydra, nystrom (64 landmarks), linformer (k = 256), agent
-(7x7 agents) and window (7x7 windows over a square grid, or 16 rows when n is not a square). On CUDA also SDPA with
-its backend named (``softmax_flash``, ``softmax_efficient``: FlashAttention and memory-efficient kernels) and fla's
+focused map, its per-head scales and its norms over all heads of a token) on the fused path through precomputed
+features, hydra, nystrom (64 landmarks), linformer (k = 256), agent (7x7 agents, with the official position biases
+computed per call) and window (7x7 windows over a square grid, or 16 rows when n is not a square). On CUDA also SDPA
+with its backend named (``softmax_flash``, ``softmax_efficient``: FlashAttention and memory-efficient kernels) and fla's
 chunked linear attention (``fla_chunk``, fla-core: causal, normalised, raw q and k as features; the nearest
 published kernel of the class); a mechanism that cannot run here (flash in fp32, fla not installed) is left out of
 the tables, its reason printed as a ``not run:`` line. ``--layout bnhd`` makes q, k, v views of (B, N, H, D)
@@ -28,9 +30,10 @@ linear path of the same run. Peak memory is the peak above the inputs: on CUDA `
 the same process, the peak reset before each case); on CPU the resident-set high-water mark (``VmHWM``),
 measured in a fresh subprocess per mechanism, after one warm-up call of the same case, ``malloc_trim`` and a
 reset of the mark (``/proc/self/clear_refs``), so it sees every allocation (tracemalloc would miss torch's).
-The floor: CPU, the minimal matmul FLOPs over the measured sgemm rate; CUDA, the bytes each path must move
-(read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy bandwidth. Results: a table on stdout,
-``attention_<device>.csv`` and ``.png`` under ``--out``.
+The floor: CPU, the minimal matmul FLOPs (forward 2 products, backward 4 more) over the measured sgemm rate; CUDA,
+the bytes each path must move (read q, k, v (+dO), write out (+dq, dk, dv)) over the measured copy bandwidth.
+Results: a table on stdout, ``attention_<device>.csv`` and ``.png`` under ``--out`` (``--pyramid``: also
+``attention_cpu_pyramid.csv``).
 
 On CPU the naive formula's time depends on glibc's heap state: with the default thresholds its
 12 MB intermediates are page-faulted in again on every call, unless an earlier case (softmax at the
@@ -56,8 +59,9 @@ import torch
 import torch.nn.functional as F
 
 from vitzoo.attention import functional as AF
-from vitzoo.attention.agent import agent_attention
+from vitzoo.attention.agent import AgentBias, agent_attention, agent_grid
 from vitzoo.attention.focused_linear import FocusedFeatureMap
+from vitzoo.attention.grid import Layout
 from vitzoo.attention.hydra import hydra_attention
 from vitzoo.attention.linformer import linformer_attention
 from vitzoo.attention.nystrom import nystrom_attention
@@ -82,21 +86,36 @@ def linear_naive(q, k, v, eps: float = 1e-6):
 
 
 @functools.lru_cache(maxsize=None)
-def _feature_map(kind: str, head_dim: int, device: torch.device) -> torch.nn.Module:
-    """One Performer / FLatten feature map per head size (built once, never redrawn while timed)."""
+def _feature_map(kind: str, heads: int, head_dim: int, device: torch.device) -> torch.nn.Module:
+    """One Performer / FLatten feature map per head count and size (built once, never redrawn while timed); FLatten's
+    focused map with its per-head scales and its norms over all heads of a token, as FocusedLinearAttention runs it."""
     if kind == "performer":
         return PerformerFeatureMap(head_dim, num_features=256, redraw_interval=0).to(device)
-    return FocusedFeatureMap(head_dim).to(device)
+    return FocusedFeatureMap(head_dim, heads).to(device)
 
 
 def kernel_module(kind: str):
     """Linear attention with a feature-map module's precomputed features, on the fused path."""
 
     def run(q, k, v):
-        phi = _feature_map(kind, q.shape[-1], q.device)
+        phi = _feature_map(kind, q.shape[1], q.shape[-1], q.device)
         return AF.linear_attention(phi(q, True), phi(k, False), v, "identity")
 
     return run
+
+
+@functools.lru_cache(maxsize=None)
+def _agent_bias(heads: int, grid, device: torch.device) -> AgentBias:
+    """The official agent biases of one layer (49 agents) built at ``grid``."""
+    return AgentBias(heads, 49, Layout(0, *grid), device=device)
+
+
+def agent_with_biases(q, k, v):
+    """Agent attention (7x7 agents) with its position biases, computed per call as AgentAttention does."""
+    grid = _grid(q.shape[-2])
+    agents = agent_grid(grid, 49)
+    biases = _agent_bias(q.shape[1], grid, q.device)(grid, agents)
+    return agent_attention(q, k, v, grid=grid, agents=agents, biases=tuple(b.to(q.dtype) for b in biases))
 
 
 def sdpa_backend(backend: str):
@@ -146,7 +165,7 @@ MECHANISMS = {
     "linformer": lambda q, k, v: linformer_attention(
         q, k, v, _token_projection(k.shape[-2], k.device, k.dtype), _token_projection(v.shape[-2], v.device, v.dtype)
     ),  # k = 256
-    "agent": lambda q, k, v: agent_attention(q, k, v, grid=_grid(q.shape[-2])),  # 7x7 agents
+    "agent": agent_with_biases,
     "window": lambda q, k, v: window_attention(q, k, v, grid=_grid(q.shape[-2]), window_size=7),
     "fla_chunk": fla_chunk,
 }
@@ -185,6 +204,11 @@ def parse_args(argv=None):
     p.add_argument("--stat", choices=("min", "median"), default="min", help="how repetitions are summarised")
     p.add_argument("--case-seconds", type=float, default=30.0, help="fewer reps for cases slower than this")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p.add_argument(
+        "--pyramid",
+        action="store_true",
+        help="CPU: also the pyramids' stage-1 shapes (1-2 heads, head dims 64 and 32, 3,136-65,536 tokens)",
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder for the CSV and PNG")
     p.add_argument(
         "--e2e",
@@ -310,6 +334,17 @@ def summarise(samples, args) -> float:
     return min(samples) if args.stat == "min" else statistics.median(samples)
 
 
+def time_case(names, mode: str, qkv, dout, args) -> dict:
+    """{name: seconds (best or median of the reps)} of one case; mechanisms interleaved in each rep."""
+    first = {m: timed(lambda: call(m, mode, qkv, dout), args.device) for m in names}  # warm-up
+    samples = {m: [] for m in names}
+    for rep in range(args.reps):
+        for m in names:
+            if rep * first[m] < args.case_seconds:
+                samples[m].append(timed(lambda: call(m, mode, qkv, dout), args.device))
+    return {m: summarise(samples[m] or [first[m]], args) for m in names}
+
+
 def time_all(args):
     """{(name, n, mode): seconds (best or median of the reps)}; mechanisms interleaved in each rep."""
     results = {}
@@ -317,20 +352,42 @@ def time_all(args):
         qkv, dout = make_inputs(n, args, requires_grad=True)
         for mode in MODES:
             names = [m for m in args.mechanisms if runs(m, n, args)]
-            first = {m: timed(lambda: call(m, mode, qkv, dout), args.device) for m in names}  # warm-up
-            samples = {m: [] for m in names}
-            for rep in range(args.reps):
-                for m in names:
-                    if rep * first[m] < args.case_seconds:
-                        samples[m].append(timed(lambda: call(m, mode, qkv, dout), args.device))
-            for m in names:
-                results[(m, n, mode)] = summarise(samples[m] or [first[m]], args)
+            results.update({(m, n, mode): t for m, t in time_case(names, mode, qkv, dout, args).items()})
             print(
                 f"  n={n:6d} {mode:8s} " + "  ".join(f"{m} {results[(m, n, mode)] * 1e3:.2f}ms" for m in names),
                 file=sys.stderr,
                 flush=True,
             )
     return results
+
+
+# The stage-1 shapes of a patch-4 pyramid at 224, 512 and 1024 px (PVT-T: head dim 64; PVTv2-b0: 32; 1-2 heads)
+PYRAMID_TOKENS = (3136, 16384, 65536)
+PYRAMID_HEADS = ((1, 64), (2, 64), (1, 32), (2, 32))
+PYRAMID_MECHANISMS = ("linear_torch", "linear_torch_ops")
+
+
+def pyramid_shapes(args, rate) -> list:
+    """The fused CPU path at the pyramids' stage shapes (batch 1), torch ops timed beside it: rows of (heads, head
+    dim, n, mode, {name: seconds}), printed as a table of times and fractions of the floor."""
+    rows = []
+    for heads, head_dim in PYRAMID_HEADS:
+        shape = argparse.Namespace(**{**vars(args), "batch": 1, "heads": heads, "head_dim": head_dim})
+        for n in PYRAMID_TOKENS:
+            qkv, dout = make_inputs(n, shape, requires_grad=True)
+            for mode in MODES:
+                rows.append((heads, head_dim, n, mode, time_case(PYRAMID_MECHANISMS, mode, qkv, dout, args)))
+    kernel, ops = PYRAMID_MECHANISMS
+    print(f"\n## pyramid stage shapes, B=1: {kernel} ms, fraction of the floor, {ops} / {kernel}")
+    print("| heads | head dim | n | mode | ms | fraction of floor | torch ops / kernel |\n" + "|---" * 7 + "|")
+    shape = argparse.Namespace(**{**vars(args), "batch": 1})
+    for heads, head_dim, n, mode, t in rows:
+        floor = floor_seconds(kernel, n, mode, shape, rate, heads, head_dim)
+        print(
+            f"| {heads} | {head_dim} | {n} | {mode} | {t[kernel] * 1e3:.2f} | {floor / t[kernel]:.2f} | "
+            f"{t[ops] / t[kernel]:.2f}x |"
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------------------- memory
@@ -414,9 +471,10 @@ def copy_bandwidth(device) -> float:
     return 2 * src.numel() * 4 / t
 
 
-def floor_seconds(name: str, n: int, mode: str, args, rate: float) -> float:
-    """CPU: minimal matmul FLOPs / rate. CUDA: minimal bytes moved / copy bandwidth."""
-    bh, d = args.batch * args.heads, args.head_dim
+def floor_seconds(name: str, n: int, mode: str, args, rate: float, heads=None, head_dim=None) -> float:
+    """CPU: minimal matmul FLOPs / rate. CUDA: minimal bytes moved / copy bandwidth. ``heads``, ``head_dim``:
+    another shape than the run's."""
+    bh, d = args.batch * (heads or args.heads), head_dim or args.head_dim
     bwd = mode == "fwd+bwd"
     if args.device.type == "cuda":
         tensors = 4 + (7 if bwd else 0)  # q, k, v, out (+ dout, q, k, v, dq, dk, dv)
@@ -445,8 +503,8 @@ def report(args, times, memory, rate) -> None:
         print(f"not run: {name} ({reason})")
     for mode in MODES:
         print(f"\n## {mode}: ms, {args.stat} of {args.reps} (x = time / {fused})")
-        print("| n | " + " | ".join(names) + " | " + " | ".join(f"{m}/{fused}" for m in names if m != fused) + " |")
-        print("|---" * (len(names) * 2) + "|")
+        columns = names + [f"{m}/{fused}" for m in names if m != fused]
+        print("| n | " + " | ".join(columns) + " |\n" + "|---" * (len(columns) + 1) + "|")
         for n in args.sizes:
             t = [times.get((m, n, mode)) for m in names]
             ref = times.get((fused, n, mode))
@@ -467,13 +525,14 @@ def report(args, times, memory, rate) -> None:
             ]
             print(f"| {n} | " + " | ".join(cells) + " |")
     floor = "FLOPs / sgemm rate" if args.device.type == "cpu" else "bytes / copy bandwidth"
-    print(f"\n## fraction of the floor, fwd+bwd ({floor})")
+    print(f"\n## fraction of the floor, fwd / fwd+bwd ({floor})")
     print("| n | " + " | ".join(names) + " |\n" + "|---" * (len(names) + 1) + "|")
     for n in args.sizes:
         cells = [
-            f"{floor_seconds(m, n, 'fwd+bwd', args, rate) / times[(m, n, 'fwd+bwd')]:.2f}"
-            if (m, n, "fwd+bwd") in times
-            else "-"
+            " / ".join(
+                f"{floor_seconds(m, n, mode, args, rate) / times[(m, n, mode)]:.2f}" if (m, n, mode) in times else "-"
+                for mode in MODES
+            )
             for m in names
         ]
         print(f"| {n} | " + " | ".join(cells) + " |")
@@ -522,6 +581,20 @@ def write_files(args, times, memory, rate) -> Path:
             )
     plot(stem.with_suffix(".png"), args, times, memory)
     return stem
+
+
+def write_pyramid_csv(stem: Path, rows, args, rate) -> None:
+    shape = argparse.Namespace(**{**vars(args), "batch": 1})
+    with open(f"{stem}_pyramid.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "dtype", "batch", "heads", "head_dim", "mechanism", "n", "mode", "ms", "floor_fraction"])
+        for heads, head_dim, n, mode, t in rows:
+            floor = floor_seconds("linear_torch", n, mode, shape, rate, heads, head_dim)
+            for m, seconds in t.items():
+                w.writerow(
+                    [args.device.type, str(args.dtype)[6:], 1, heads, head_dim, m, n, mode]
+                    + [f"{seconds * 1e3:.4f}", f"{floor / seconds:.4f}"]
+                )
 
 
 def plot(path: Path, args, times, memory) -> None:
@@ -749,6 +822,9 @@ def main(argv=None) -> None:
     report(args, times, memory, rate)
     stem = write_files(args, times, memory, rate)
     print(f"\nwrote {stem}.csv and {stem}.png")
+    if args.pyramid and args.device.type == "cpu":
+        write_pyramid_csv(stem, pyramid_shapes(args, rate), args, rate)
+        print(f"wrote {stem}_pyramid.csv")
     if args.accuracy:
         accuracy(args)
     if args.e2e:
