@@ -1,10 +1,12 @@
 // The CPU linear-attention sweeps of the torch path (torch_linear.py; built by cpu_kernel.py). Each sweep walks
 // one token range of every (batch, head) slice in blocks of rows small enough to stay in the core's L2: the
-// feature map, the normaliser and the element-wise work fused into row loops over the block, the (block x d x d)
-// products handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are
-// (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64
-// for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1
-// above), relu -> [f > 0], identity (features computed by the caller) -> 1. Built with -fno-trapping-math so that the branch-free row loops vectorise.
+// feature map, the normaliser and the element-wise work fused into row loops over the block (1 / den folded into
+// the feature rows, so that the products write the results directly), the (block x d x d) products handed straight
+// to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are (B, H, N, D) with unit column stride
+// and any other strides (timm's packed qkv views); float32, or float64 for gradcheck. phi'(x) is read off
+// f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above), relu -> [f > 0], identity
+// (features computed by the caller) -> 1. Built with -fno-trapping-math so that the branch-free row loops
+// vectorise; float32 elu+1 rows take an AVX-512 form of the same exp where the build targets AVX-512.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -13,8 +15,13 @@
 #include <cstdint>
 #include <climits>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 extern "C" {  // from the MKL that ATen links, when it has one (weak: null otherwise; both, or neither is used)
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
@@ -64,6 +71,44 @@ inline T dphi(T f) {
   else if constexpr (M == kRelu) return T(f > T(0));
   else return T(1);
 }
+
+// fr = phi(xr) for one row of `width` features.
+template <Map M, typename T>
+inline void phi_row(const T* __restrict xr, T* __restrict fr, int64_t width) {
+#pragma omp simd
+  for (int64_t i = 0; i < width; ++i) fr[i] = phi<M>(xr[i]);
+}
+
+#if defined(__AVX512F__)
+// exp_nonpositive above on 16 lanes, 2^n applied by scalef (one rounding, to the subnormal below -87.3).
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+template <>
+inline void phi_row<kElu, float>(const float* __restrict xr, float* __restrict fr, int64_t width) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t i = 0; i < width; i += 16) {
+    const __mmask16 m = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, xr + i);
+    // min / max with x second: a NaN x comes through, as std::min(x, 0) gives it
+    const __m512 f = _mm512_add_ps(exp_nonpositive16(_mm512_min_ps(zero, x)), _mm512_max_ps(zero, x));
+    _mm512_mask_storeu_ps(fr + i, m, f);
+  }
+}
+#endif
 
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t n) {
@@ -125,8 +170,8 @@ struct Rows {
 // Per-thread scratch of a sweep: (block x width) buffers, reused from block to block.
 template <typename T>
 struct Scratch {
-  std::vector<T> f, g, a, den;
-  Scratch(int64_t block, int64_t width, int64_t dv) : f(block * width), g(block * dv), a(block * width), den(block) {}
+  std::vector<T> f, p, a, den;
+  explicit Scratch(int64_t block, int64_t width) : f(block * width), p(block * width), a(block * width), den(block) {}
 };
 
 // One thread's MKL kept to a single thread while it lives (a worker's products must not fan out).
@@ -140,11 +185,11 @@ struct SingleThreadedMkl {
 // body(s, r0, rows, scratch) for each block of at most `block` rows of tokens [lo, hi) in every slice, slices
 // split over ATen's threads (one thread in a worker), each with its own scratch and its MKL kept to itself.
 template <typename T, typename Body>
-void for_blocks(int64_t slices, int64_t lo, int64_t hi, int64_t block, int64_t width, int64_t dv, const Body& body) {
+void for_blocks(int64_t slices, int64_t lo, int64_t hi, int64_t block, int64_t width, const Body& body) {
   TORCH_CHECK(block > 0, "block must be a positive number of rows, got ", block);
   if (hi <= lo) return;
   at::parallel_for(0, slices, 1, [&](int64_t s0, int64_t s1) {
-    Scratch<T> buf(std::min(block, hi - lo), width, dv);
+    Scratch<T> buf(std::min(block, hi - lo), width);
     const SingleThreadedMkl single;
     for (int64_t s = s0; s < s1; ++s)
       for (int64_t r0 = lo; r0 < hi; r0 += block) body(s, r0, std::min(block, hi - r0), buf);
@@ -156,13 +201,38 @@ template <Map M, typename T>
 void features(const Rows<T>& x, int64_t s, int64_t r0, int64_t rows, T* __restrict f, T* __restrict z = nullptr) {
   const int64_t width = x.width;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict xr = x(s, r0 + r);
     T* __restrict fr = f + r * width;
-#pragma omp simd
-    for (int64_t i = 0; i < width; ++i) fr[i] = phi<M>(xr[i]);
+    phi_row<M>(x(s, r0 + r), fr, width);
     if (z == nullptr) continue;
 #pragma omp simd
     for (int64_t i = 0; i < width; ++i) z[i] += fr[i];
+  }
+}
+
+// For `rows` query rows from q(s, r0): f = phi(q) / den (den = phi(q).z + eps), inv = 1 / den, and, when p is
+// given, p = phi'(q).
+template <Map M, typename T>
+void scaled_features(const Rows<T>& q, int64_t s, int64_t r0, int64_t rows, const T* __restrict z, T eps,
+                     T* __restrict f, T* __restrict inv, T* __restrict p = nullptr) {
+  const int64_t width = q.width;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* __restrict fr = f + r * width;
+    phi_row<M>(q(s, r0 + r), fr, width);
+    const T den = dot(fr, z, width) + eps;
+    const T i_r = T(1) / den;
+    inv[r] = i_r;
+    if (p != nullptr) {
+      T* __restrict pr = p + r * width;
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) pr[i] = dphi<M>(fr[i]);
+    }
+    if (std::abs(den) < std::numeric_limits<T>::min()) {  // a subnormal den (eps = 0): 1 / den may overflow
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) fr[i] /= den;
+      continue;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) fr[i] *= i_r;
   }
 }
 
@@ -193,14 +263,14 @@ std::vector<at::Tensor> state_sweep(const at::Tensor& k, const at::Tensor& v, in
   auto S = at::zeros({slices_of(k), D, Dv}, k.options());
   auto z = at::zeros({slices_of(k), D}, k.options());
   T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
-  for_blocks<T>(slices_of(k), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+  for_blocks<T>(slices_of(k), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
     features<M>(ks, s, r0, rows, buf.f.data(), zp + s * D);
     gemm<T>(true, false, D, Dv, rows, buf.f.data(), D, vs(s, r0), vs.ld, T(1), Sp + s * D * Dv, Dv);
   });
   return {S, z};
 }
 
-// out = phi(q) S / (phi(q).z + eps) for tokens [lo, hi), written into out.
+// out = (phi(q) / (phi(q).z + eps)) S for tokens [lo, hi), written into out.
 template <Map M, typename T>
 void output_sweep(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, double eps, at::Tensor out,
                   int64_t lo, int64_t hi, int64_t block) {
@@ -210,22 +280,15 @@ void output_sweep(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z,
   const Rows<T> qs(q), os(out);
   const int64_t D = qs.width, Dv = os.width;
   const T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
-  for_blocks<T>(slices_of(q), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    T *f = buf.f.data(), *den = buf.den.data();
-    features<M>(qs, s, r0, rows, f);
-    for (int64_t r = 0; r < rows; ++r) den[r] = dot(f + r * D, zp + s * D, D) + T(eps);
+  for_blocks<T>(slices_of(q), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    T* f = buf.f.data();
+    scaled_features<M>(qs, s, r0, rows, zp + s * D, T(eps), f, buf.den.data());
     gemm<T>(false, false, rows, Dv, D, f, D, Sp + s * D * Dv, Dv, T(0), os(s, r0), os.ld);
-    for (int64_t r = 0; r < rows; ++r) {
-      T* __restrict o = os(s, r0 + r);
-      const T d = den[r];
-#pragma omp simd
-      for (int64_t i = 0; i < Dv; ++i) o[i] /= d;
-    }
   });
 }
 
-// Tokens [lo, hi) of the queries: dq (when given) and their share of dS, dz. With g = dO / den,
-// a = g S^T, w = (phi(q).a) / den:  dphi(q) = a - w z,  dS = phi(q)^T g,  dz = -sum w phi(q).
+// Tokens [lo, hi) of the queries: dq (when given) and their share of dS, dz. With f = phi(q) / den (den =
+// phi(q).z + eps), a = dO S^T and c = f.a:  dphi(q) = (a - c z) / den,  dS = f^T dO,  dz = -sum c f.
 template <Map M, typename T>
 std::vector<at::Tensor> query_grad_sweep(const at::Tensor& q, const at::Tensor& dout, const at::Tensor& S,
                                          const at::Tensor& z, double eps, const c10::optional<at::Tensor>& dq,
@@ -245,32 +308,26 @@ std::vector<at::Tensor> query_grad_sweep(const at::Tensor& q, const at::Tensor& 
   T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
   const bool write_dq = dq.has_value();
   const Rows<T> dqs(write_dq ? *dq : q);
-  for_blocks<T>(slices_of(q), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    T *f = buf.f.data(), *g = buf.g.data(), *den = buf.den.data();
-    const T* zs = zp + s * D;
-    features<M>(qs, s, r0, rows, f);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T d = dot(f + r * D, zs, D) + T(eps);
-      const T* __restrict dr = dos(s, r0 + r);
-      T* __restrict gr = g + r * Dv;
-      den[r] = d;
-#pragma omp simd
-      for (int64_t i = 0; i < Dv; ++i) gr[i] = dr[i] / d;
-    }
-    T* a = write_dq ? dqs(s, r0) : buf.a.data();  // a = g S^T, turned into dq in place
+  for_blocks<T>(slices_of(q), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    T *f = buf.f.data(), *p = buf.p.data(), *inv = buf.den.data();
+    const T* __restrict zs = zp + s * D;
+    scaled_features<M>(qs, s, r0, rows, zs, T(eps), f, inv, write_dq ? p : nullptr);
+    T* a = write_dq ? dqs(s, r0) : buf.a.data();  // a = dO S^T, turned into dq in place
     const int64_t lda = write_dq ? dqs.ld : D;
-    gemm<T>(false, true, rows, D, Dv, g, Dv, Sp + s * D * Dv, Dv, T(0), a, lda);
-    gemm<T>(true, false, D, Dv, rows, f, D, g, Dv, T(1), dSp + s * D * Dv, Dv);
+    gemm<T>(false, true, rows, D, Dv, dos(s, r0), dos.ld, Sp + s * D * Dv, Dv, T(0), a, lda);
+    gemm<T>(true, false, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dSp + s * D * Dv, Dv);
     T* __restrict dzs = dzp + s * D;
     for (int64_t r = 0; r < rows; ++r) {
       const T* __restrict fr = f + r * D;
       T* __restrict ar = a + r * lda;
-      const T w = dot(fr, ar, D) / den[r];
+      const T c = dot(fr, ar, D);
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) dzs[i] -= w * fr[i];
+      for (int64_t i = 0; i < D; ++i) dzs[i] -= c * fr[i];
       if (!write_dq) continue;
+      const T* __restrict pr = p + r * D;
+      const T i_r = inv[r];
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) ar[i] = (ar[i] - w * zs[i]) * dphi<M>(fr[i]);
+      for (int64_t i = 0; i < D; ++i) ar[i] = (ar[i] - c * zs[i]) * i_r * pr[i];
     }
   });
   return {dS, dz};
@@ -293,7 +350,7 @@ void key_value_grad_sweep(const at::Tensor& k, const at::Tensor& v, const at::Te
   const Rows<T> ks(k), vs(v), dks(dk.has_value() ? *dk : k), dvs(dv.has_value() ? *dv : v);
   const int64_t D = ks.width, Dv = vs.width;
   const T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
-  for_blocks<T>(slices_of(k), lo, hi, block, D, Dv, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+  for_blocks<T>(slices_of(k), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
     T* f = buf.f.data();
     const T* dSs = dSp + s * D * Dv;
     features<M>(ks, s, r0, rows, f);
