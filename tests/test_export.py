@@ -90,7 +90,7 @@ def test_config_is_timm_hub_layout_with_the_full_attention_spec(tmp_path):
     spec = {"name": "softmax", "heads": "projected", "head_dim": 8, "logit_noise": 0.2, "scale": "log_n"}
     out = export_checkpoint(_checkpoint(tmp_path / "a.ckpt", attention=spec), tmp_path / "export")
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["architecture"] == "vit_cifar" and cfg["num_classes"] == 5 and cfg["num_features"] == 32
+    assert cfg["architecture"] == "vitzoo_vit_cifar" and cfg["num_classes"] == 5 and cfg["num_features"] == 32
     assert cfg["model_args"]["attention"] == {**spec, "train_tokens": 65}  # log-n pinned at 1 + (32 / 4)^2 tokens
     assert cfg["model_args"]["img_size"] == [32, 32] and cfg["model_args"]["depth"] == 4
     assert {k: cfg["model_args"][k] for k in ("patch_size", "embed_dim", "num_heads", "mlp_ratio")} == {

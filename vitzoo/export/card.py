@@ -6,6 +6,7 @@ import json
 from typing import Any, Dict, Mapping
 
 from vitzoo.models.default_cfg import LICENSE  # the repository's LICENSE, declared by every export
+from vitzoo.models.registry import short_name
 
 __all__ = ["model_card", "render_card", "LICENSE"]
 
@@ -41,7 +42,7 @@ def model_card(config: Mapping[str, Any], name: str) -> Dict[str, Any]:
         f"model = timm.create_model('hf-hub:<user>/{name}', pretrained=True)  # or 'local-dir:<this folder>'\n"
         f"model = vitzoo.export.load_exported('<this folder>')  # the same, with the export's checks\n```\n"
     )
-    if arch.startswith("vit_") and _mechanism(args.get("attention")) == "softmax":
+    if short_name(arch).startswith("vit_") and _mechanism(args.get("attention")) == "softmax":
         usage += (
             "Its attention is timm's (split-head softmax, weights under timm's `attn.qkv` names): plain timm "
             "loads the weights into `timm.models.VisionTransformer` of the same shape without vitzoo.\n"

@@ -35,6 +35,7 @@ from vitzoo.models.local_dir import (
     file_sha256,
     verify_local_dir,
 )
+from vitzoo.models.registry import short_name
 from vitzoo.models.vit import VIT_ARCHS
 
 from .card import model_card, render_card
@@ -168,7 +169,7 @@ def _pinned_args(model: Any) -> Dict[str, Any]:
     """Construction arguments that would otherwise come from defaults or from ``img_size``, written out so an
     export keeps computing the same function: the ViT shape, and the log-n scale's training token count
     (else a loader passing another ``img_size``, e.g. smp or mmseg, would rescale the logits)."""
-    arch = model.pretrained_cfg.get("architecture")
+    arch = short_name(model.pretrained_cfg.get("architecture") or "")
     args = {k: v for k, v in VIT_ARCHS.get(arch, {}).items() if k not in ("img_size", "num_classes")}
     args.update({k: v for k, v in model._model_args.items() if k in args})
     spec = model._model_args.get("attention")

@@ -8,7 +8,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 from timm.layers import to_2tuple
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from vitzoo.attention import AttentionSpec, resolve_attention
@@ -16,6 +16,7 @@ from vitzoo.attention.stack import block_specs
 from vitzoo.attention.base import share_grid
 from .default_cfg import CIFAR_MEAN, CIFAR_STD, ZOO_CFG
 from .local_dir import verify_local_dir
+from .registry import legacy_names, timm_name, zoo_cfgs, zoo_model
 
 __all__ = ["NonLocalBlock", "NonLocalResNet"]
 
@@ -125,7 +126,7 @@ def _spread(num_blocks: int, count: int) -> set:
 def _create(variant: str, pretrained: bool, block, layers, **kwargs):
     overlay = kwargs.get("pretrained_cfg_overlay")
     verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), overlay, kwargs.get("attention", "softmax"))
-    return build_model_with_cfg(NonLocalResNet, variant, pretrained, block=block, layers=layers, **kwargs)
+    return build_model_with_cfg(NonLocalResNet, timm_name(variant), pretrained, block=block, layers=layers, **kwargs)
 
 
 def _cfg(**kwargs):
@@ -142,7 +143,7 @@ def _cfg(**kwargs):
     }
 
 
-default_cfgs = generate_default_cfgs(
+default_cfgs = zoo_cfgs(
     {
         "nonlocal_resnet18": _cfg(),
         "nonlocal_resnet50": _cfg(),
@@ -153,20 +154,23 @@ default_cfgs = generate_default_cfgs(
 )
 
 
-@register_model
+@zoo_model
 def nonlocal_resnet18(pretrained: bool = False, **kwargs) -> NonLocalResNet:
     """ResNet-18 with a non-local block closing stages 2 and 3 (res3, res4)."""
     return _create("nonlocal_resnet18", pretrained, BasicBlock, [2, 2, 2, 2], **kwargs)
 
 
-@register_model
+@zoo_model
 def nonlocal_resnet50(pretrained: bool = False, **kwargs) -> NonLocalResNet:
     """ResNet-50 with non-local blocks in stages 2 and 3 (Wang et al. place 5 there: set nonlocal_per_stage)."""
     return _create("nonlocal_resnet50", pretrained, Bottleneck, [3, 4, 6, 3], **kwargs)
 
 
-@register_model
+@zoo_model
 def nonlocal_resnet18_cifar(pretrained: bool = False, **kwargs) -> NonLocalResNet:
     """ResNet-18 with a 3x3 stride-1 stem (no max-pool) for 32x32 inputs, non-local in stages 2 and 3."""
     kwargs = {"num_classes": 10, "img_size": 32, "cifar_stem": True, **kwargs}
     return _create("nonlocal_resnet18_cifar", pretrained, BasicBlock, [2, 2, 2, 2], **kwargs)
+
+
+legacy_names("nonlocal_resnet18", "nonlocal_resnet50", "nonlocal_resnet18_cifar")  # exports written before the prefix

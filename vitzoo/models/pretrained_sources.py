@@ -26,6 +26,7 @@ from timm.models.vision_transformer import VisionTransformer
 from vitzoo.attention import SoftmaxAttention, resolve_attention
 from .local_dir import WEIGHTS_NAME, check_export
 from .pretrained_eva import EVA_HINT, eva_differences, eva_layout, eva_rope, is_eva, rotates_halves
+from .registry import short_name, timm_name
 from .vit import VIT_ARCHS
 
 __all__ = ["ViTWeights", "read_vit_weights", "SOURCE_FORMS", "STATE_DICT_SUFFIXES"]
@@ -161,7 +162,7 @@ def _is_plain_vit(model: nn.Module) -> bool:
 def _from_export(source: str, path: Path) -> ViTWeights:
     """A vitzoo export of a softmax ViT, its ``in_proj`` written back as timm's fused ``qkv``."""
     cfg = check_export(path)
-    arch, args = cfg["architecture"], dict(cfg.get("model_args") or {})
+    arch, args = short_name(cfg["architecture"]), dict(cfg.get("model_args") or {})
     if arch not in VIT_ARCHS:
         raise ValueError(
             f"init_from={source!r} is an export of {arch}, not a ViT; give a ViT's export "
@@ -175,7 +176,9 @@ def _from_export(source: str, path: Path) -> ViTWeights:
             f"this export as it is with vitzoo.export.load_exported)"
         )
     with torch.device("meta"):  # the export's own architecture, for its attributes
-        reference = cast(VisionTransformer, timm.create_model(arch, attention=spec, **args))  # a VIT_ARCHS arch
+        reference = cast(
+            VisionTransformer, timm.create_model(timm_name(arch), attention=spec, **args)
+        )  # a VIT_ARCHS arch
     state = load_file(str(path / WEIGHTS_NAME))
     rope = getattr(reference.blocks[0].attn, "rope", None)
     return ViTWeights(source, _qkv_layout(state, reference), reference, None if rope is None else rope.spec())

@@ -3,19 +3,23 @@
 ``@zoo_model`` registers a builder named by its short name (``pvt_v2_b0``) with timm as ``vitzoo_pvt_v2_b0``, so that
 none shadows timm's own ``pvt_v2_b0`` or ``swin_tiny_*``; ``vitzoo.create_model`` and ``vitzoo.list_models()`` keep
 the short names. The builder's module holds its ``default_cfgs`` under the prefixed names (``zoo_cfgs``).
+Names registered before the prefix (``vit_cifar`` in an older export's config.json) stay loadable (``legacy_names``).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable, Dict, Mapping, TypeVar
 
-from timm.models import generate_default_cfgs, register_model
+import timm
+from timm.models import generate_default_cfgs, register_model, register_model_deprecations
 
-__all__ = ["PREFIX", "zoo_model", "zoo_cfgs", "zoo_names", "timm_name", "short_name"]
+__all__ = ["PREFIX", "zoo_model", "zoo_cfgs", "zoo_names", "timm_name", "short_name", "legacy_names"]
 
 PREFIX = "vitzoo_"
 _NAMES: Dict[str, str] = {}  # short name -> timm name
+_BUILDERS: Dict[str, Callable[..., Any]] = {}  # short name -> the builder registered with timm
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -47,7 +51,20 @@ def zoo_model(fn: F) -> F:
     builder.__name__ = builder.__qualname__ = timm_name(short)
     register_model(builder)
     _NAMES[short] = timm_name(short)
+    _BUILDERS[short] = builder
     return fn
+
+
+def legacy_names(*shorts: str) -> None:
+    """Keep timm names from before the prefix loadable (an export whose config.json says ``"vit_cifar"``): each
+    maps to ``vitzoo_<name>`` through timm's table of deprecated names (timm warns once with the new name, and
+    ``timm.list_models`` leaves them out); a name timm itself has stays timm's."""
+    for short in shorts:
+        if timm.is_model(short):
+            continue
+        builder = _BUILDERS[short]
+        setattr(sys.modules[builder.__module__], builder.__name__, builder)  # where timm's table looks it up
+        register_model_deprecations(builder.__module__, {short: builder.__name__})
 
 
 def zoo_names() -> list:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple, Union
 import torch
 import torch.fx
 from timm.layers import to_2tuple
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
@@ -17,6 +17,7 @@ from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX e
 from .blocks import BLOCKS
 from .default_cfg import CIFAR_MEAN, CIFAR_STD, ZOO_CFG
 from .local_dir import verify_local_dir
+from .registry import legacy_names, timm_name, zoo_cfgs, zoo_model
 from .variable_size import forward_padded, pool_padded
 
 __all__ = ["ZooVisionTransformer", "VIT_ARCHS", "default_feature_levels"]
@@ -124,7 +125,7 @@ def _create_vit(
         block_fn, attn_layer = per_block(block_fn, layers), layers[0]
     return build_model_with_cfg(
         ZooVisionTransformer,
-        variant,
+        timm_name(variant),
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
@@ -149,7 +150,7 @@ def _cfg(**kwargs):
     }
 
 
-default_cfgs = generate_default_cfgs(
+default_cfgs = zoo_cfgs(
     {
         "vit_cifar": _cfg(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, mean=CIFAR_MEAN, std=CIFAR_STD),
         "vit_tiny": _cfg(),
@@ -167,25 +168,28 @@ VIT_ARCHS: Dict[str, Dict[str, Any]] = {
 }
 
 
-@register_model
+@zoo_model
 def vit_cifar(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
     """CIFAR-size ViT (Lee et al. 2021 shape, 3 heads): 32x32 input, patch 4, 192 wide, 9 deep."""
     return _create_vit("vit_cifar", pretrained, **{**VIT_ARCHS["vit_cifar"], **kwargs})
 
 
-@register_model
+@zoo_model
 def vit_tiny(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
     """ViT-Ti/16 shape (192 wide, 12 deep, 3 heads)."""
     return _create_vit("vit_tiny", pretrained, **{**VIT_ARCHS["vit_tiny"], **kwargs})
 
 
-@register_model
+@zoo_model
 def vit_small(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
     """ViT-S/16 shape (384 wide, 12 deep, 6 heads)."""
     return _create_vit("vit_small", pretrained, **{**VIT_ARCHS["vit_small"], **kwargs})
 
 
-@register_model
+@zoo_model
 def vit_base(pretrained: bool = False, **kwargs) -> ZooVisionTransformer:
     """ViT-B/16 shape (768 wide, 12 deep, 12 heads)."""
     return _create_vit("vit_base", pretrained, **{**VIT_ARCHS["vit_base"], **kwargs})
+
+
+legacy_names(*VIT_ARCHS)  # exports written before the prefix
