@@ -23,6 +23,7 @@ class RavltSoftmaxAttention(LinearGatedAttention, SoftmaxAttention):
     a ``rope`` option replaces it. LePE is a ``kernel_size`` depthwise conv of V (0: none)."""
 
     no_causal = "its LePE conv sees both sides; use attention='softmax' with is_causal"
+    no_sr = "its RoPE and LePE sit on the query grid; use attention='softmax' for reduced keys"
 
     def __init__(self, dim: int, num_heads: int = 8, *args, kernel_size: int = 5, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)

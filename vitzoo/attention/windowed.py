@@ -111,6 +111,13 @@ def windowed_mix(
     grid, layer.token_grid = layer.token_grid, layout.size
     try:
         out = layer.mix(xw, qw, kw, _to_windows(v, layout), mask, False, logit_noise)
+    except ValueError as err:
+        if mask is None:
+            raise
+        raise ValueError(
+            f"{type(layer).__name__} in windows of {layer.window}: the {layout.grid[0]}x{layout.grid[1]} grid needs "
+            f"padded border windows, and {err}"
+        ) from None
     finally:
         layer.token_grid = grid
     return layout.merge(out.unflatten(0, (B, windows)).transpose(1, 2))

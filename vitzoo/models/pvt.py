@@ -86,7 +86,7 @@ class PyramidVisionTransformer(nn.Module):
         size = to_2tuple(img_size)
         self.feature_info: List[dict] = []
         specs = stage_attention(attention, depths)
-        rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        rates = torch.linspace(0, drop_path_rate, sum(depths), device="cpu").tolist()
         dims = [in_chans, *embed_dims]
         for s, depth in enumerate(depths):
             stride = patch_size * 2**s

@@ -79,7 +79,7 @@ class ZooSwinTransformer(SwinTransformer):
         patch = kwargs.get("patch_size", 4)
         for s, (stage, specs) in enumerate(zip(self.layers, stage_attention(attention, depths))):
             grid = tuple(-(-side // patch // 2**s) for side in size)  # merging pads odd sides: ceil
-            window = windows[s][0]
+            window = min(windows[s][0], *grid)  # timm's clamp: a stage no larger than its window is one window
             for index, (block, spec) in enumerate(zip(stage.blocks, specs)):
                 old = block.attn
                 spec = with_defaults(swin_softmax(spec), {"window": window})
