@@ -146,6 +146,7 @@ REFUSES = {
     "inline": ("is_causal",),
     "mlla": ("is_causal",),
     "rala": ("is_causal",),
+    "ravlt_softmax": ("is_causal",),
     "lion": ("attn_mask", "is_causal"),
     "synth_random": (),
     "synth_factorized_random": (),

@@ -245,3 +245,13 @@ def test_saved_state_dict_loads_as_pretrained_file(tmp_path):
 
 def test_torch_export_equals_eager():
     check_export_parity(vitzoo.create_model("mlla_tiny", attention=None, depths=(1, 1, 1, 1), num_classes=3))
+
+
+@pytest.mark.parametrize(
+    "spec, fix",
+    [({"name": "mlla", "bare": "yes"}, "give true"), ({"name": "mlla", "bare": True, "gate": "channel"}, "bare=False")],
+)
+def test_bad_bare_options_are_one_line(spec, fix):
+    with pytest.raises(ValueError, match=fix) as err:
+        vitzoo.create_model("mlla_tiny", attention=spec, depths=(1, 1, 1, 1))
+    assert "\n" not in str(err.value)

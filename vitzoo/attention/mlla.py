@@ -34,7 +34,9 @@ class MllaAttention(DecoupledRopeAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, *args, bare: bool = False, **kwargs):
         super().__init__(dim, num_heads, *args, **kwargs)
-        self.bare = bool(bare)
+        if not isinstance(bare, bool):
+            raise ValueError(f"mlla bare={bare!r}; give true (MLLA's own layer in its block) or false")
+        self.bare = bare
         if self.bare:
             if self.heads != "split" or self.attn_dim != dim or self.out_gate is not None:
                 raise ValueError(
