@@ -15,6 +15,7 @@ from vitzoo.attention import AttentionSpec, resolve_attention
 from vitzoo.attention.stack import block_specs
 from vitzoo.attention.base import share_grid
 from .default_cfg import CIFAR_MEAN, CIFAR_STD, ZOO_CFG
+from .inputs import check_images
 from .local_dir import verify_local_dir
 from .registry import legacy_names, timm_name, zoo_cfgs, zoo_model
 
@@ -107,6 +108,11 @@ class NonLocalResNet(ResNet):
                 if i in after:
                     blocks.append(NonLocalBlock(info["num_chs"], next(specs), nonlocal_reduction, nonlocal_heads, grid))
             setattr(self, f"layer{stage}", nn.Sequential(*blocks))
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """nn.Module's call, after a one-line error for an input that is not a float (B, C, H, W) tensor."""
+        check_images(x, cast(nn.Conv2d, self.conv1).in_channels)
+        return super().__call__(x, *args, **kwargs)
 
 
 def _feature_side(side: int, reduction: int) -> int:

@@ -16,6 +16,7 @@ from vitzoo.attention.stack import block_specs, is_stack, per_block
 from . import legacy_onnx  # noqa: F401  (registers an op the TorchScript ONNX exporter lacks)
 from .blocks import BLOCKS
 from .default_cfg import CIFAR_MEAN, CIFAR_STD, ZOO_CFG
+from .inputs import check_images
 from .local_dir import verify_local_dir
 from .registry import legacy_names, timm_name, zoo_cfgs, zoo_model
 from .variable_size import forward_padded, pool_padded
@@ -49,6 +50,7 @@ class ZooVisionTransformer(VisionTransformer):
         nn.Module's call of timm's forward (hooks, compile), which stays as it is (tracers trace timm's forward)."""
         if isinstance(x, (list, tuple)):
             return self.forward_images(x, *args, **kwargs)
+        check_images(x, self.patch_embed.proj.in_channels)
         return super().__call__(x, *args, **kwargs)
 
     def forward_images(
