@@ -63,7 +63,7 @@ def test_every_mechanism_has_a_labelled_vit_preset_in_the_zoo():
     "preset", [p if p == "vit_linear" else pytest.param(p, marks=pytest.mark.slow) for p in PRESETS]
 )
 def test_preset_trains_one_fast_epoch(preset, tmp_path):
-    tiny = "debug=tiny_vit" if preset.startswith("vit") else "debug=tiny_resnet"
+    tiny = {"vit": "debug=tiny_vit", "nonlocal": "debug=tiny_resnet"}.get(preset.split("_")[0], "debug=tiny_pyramid")
     cfg = compose_config(tmp_path, [tiny, f"model={preset}"])
     check_attention(OmegaConf.to_container(cfg.model.attention))  # one spec or a hybrid stack, every name registered
     assert cfg.model.arch in vitzoo.list_models()

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import vitzoo
+from conftest import CONFIGS
 from vitzoo.attention import ZooAttention, build_attention, resolve_attention
+from vitzoo.models.releases import RELEASES
 
 # Small shapes of each family (the layout kept: four stages, heads per stage, SR ratios, windows)
 SMALL = {
@@ -306,3 +308,26 @@ def test_smp_universal_encoder_trains_a_unet_on_a_vitzoo_pyramid(arch):
         losses.append(loss.item())
     assert model(x).shape == (2, 2, 64, 64) and losses[-1] < losses[0]
     assert any(type(m).__name__ == "LinearAttention" for m in model.encoder.modules())
+
+
+@pytest.mark.parametrize("arch", sorted(RELEASES))
+def test_release_preset_spells_out_the_architectures_own_mix(arch):
+    from omegaconf import OmegaConf
+
+    preset = OmegaConf.to_container(OmegaConf.load(CONFIGS / "model" / f"{arch}.yaml"))
+    assert preset["arch"] == arch and preset["attention"] == RELEASES[arch][1]
+
+
+def test_a_windowed_layers_probe_sees_its_windows():
+    """The implied matrix of any mechanism in windows: rows sum to 1 and reach exactly the keys of the query's window
+    (the ``window`` mechanism's support)."""
+    from vitzoo.diagnostics import capture_attention
+
+    model = small("swin_tiny", attention=["linear", "softmax", "softmax", "softmax"]).eval()
+    swin = small("swin_tiny").eval()
+    x = torch.randn(1, 3, 64, 64)
+    with capture_attention(model) as maps, capture_attention(swin) as swin_maps:
+        model(x), swin(x)
+    for name in ("layers.0.blocks.0.attn", "layers.0.blocks.1.attn"):  # unshifted, shifted
+        torch.testing.assert_close(maps[name].sum(-1), torch.ones(1, 1, 256))
+        assert torch.equal(maps[name] > 0, swin_maps[name] > 0)

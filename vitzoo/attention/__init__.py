@@ -27,6 +27,7 @@ from .nystrom import NystromAttention
 from .performer import PerformerAttention, PerformerFeatureMap
 from .pola import PolaAttention
 from .rala import RalaAttention
+from .reduction import SpatialReduction
 from .ravlt_softmax import RavltSoftmaxAttention
 from .registry import (
     AttentionSpec,
@@ -49,6 +50,7 @@ from .synthesizer import (
     SynthRandomAttention,
 )
 from .window import WindowAttention
+from .windowed import Windows, window_layout
 
 __all__ = [
     "functional",
@@ -103,4 +105,7 @@ __all__ = [
     "SynthMixAttention",
     "SynthRandomAttention",
     "WindowAttention",
+    "Windows",
+    "window_layout",
+    "SpatialReduction",
 ]

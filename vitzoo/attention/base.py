@@ -20,7 +20,7 @@ from ..options import is_count
 from .canvas import canvas_rope
 from .reduction import spatial_reduction
 from .rope import RopeSpec, build_rope, rotate_all
-from .windowed import windowed_mix
+from .windowed import windowed_mix, windowed_probs
 
 __all__ = ["ZooAttention", "HeadProjection", "HEAD_MODES", "GATES", "ROPE_FORMS", "share_grid", "gate_heads"]
 
@@ -413,12 +413,9 @@ def attend(
         out = windowed_mix(layer, x, q, k, v, layer.active_logit_noise)
     else:
         out = layer.mix(x, q, k, v, attn_mask, is_causal, layer.active_logit_noise)
-    if layer.attention_probe is not None and (layer.sr is not None or layer.window is not None):
-        raise ValueError(
-            f"{type(layer).__name__} with sr_ratio / sr_pool / window has no attention probe (its keys are not the "
-            "input's tokens one by one); probe a model without them"
-        )
-    if layer.attention_probe is not None:
+    if layer.attention_probe is not None and layer.window is not None:
+        layer.attention_probe(layer, lambda index: windowed_probs(layer, x, q, k, index), x.shape[1])
+    elif layer.attention_probe is not None:  # with spatial reduction: rows over the reduced keys
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])
     return out
 

@@ -2,21 +2,18 @@
 
 The grid is cut into ``window`` x ``window`` windows (clipped to the grid per axis); on a shifted layer (every second
 block) the borders move by window // 2, the partition Swin reaches with its cyclic shift and mask. Each window is
-one batch entry of the mechanism, its ``token_grid`` the window's; tokens padded in to fill a border window are left
-out as keys through a key-padding mask.
+one batch entry of the mechanism (``layer`` below, a ``ZooAttention``), its ``token_grid`` the window's; tokens
+padded in to fill a border window are left out as keys through a key-padding mask.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from .base import ZooAttention
-
-__all__ = ["Windows", "window_layout", "layer_windows", "windowed_mix"]
+__all__ = ["Windows", "window_layout", "layer_windows", "windowed_mix", "windowed_probs"]
 
 Grid = Tuple[int, int]
 
@@ -69,7 +66,7 @@ def window_layout(grid: Grid, window_size: int, shifted: bool = False) -> Window
     return Windows((grid[0], grid[1]), (sizes[0], sizes[1]), (pads[0], pads[1], pads[2], pads[3]))
 
 
-def layer_windows(layer: "ZooAttention", num_tokens: int) -> Windows:
+def layer_windows(layer: Any, num_tokens: int) -> Windows:
     """The windows ``layer`` cuts the current input's grid into (shifted on odd ``block_index``)."""
     assert layer.window is not None
     shifted = layer.window_shift and layer.block_index % 2 == 1
@@ -83,7 +80,7 @@ def _to_windows(t: torch.Tensor, layout: Windows) -> torch.Tensor:
 
 
 def windowed_mix(
-    layer: "ZooAttention",
+    layer: Any,
     x: torch.Tensor,
     q: Optional[torch.Tensor],
     k: Optional[torch.Tensor],
@@ -121,3 +118,27 @@ def windowed_mix(
     finally:
         layer.token_grid = grid
     return layout.merge(out.unflatten(0, (B, windows)).transpose(1, 2))
+
+
+def windowed_probs(
+    layer: Any, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, query_index: torch.Tensor
+) -> torch.Tensor:
+    """The implied (B, H, Q, N) matrix of ``layer`` in its windows: each query's row of its window's ``probs`` at
+    the window's tokens, 0 elsewhere."""
+    B, H, N, _ = q.shape
+    layout = layer_windows(layer, N)
+    if layout.size == layout.grid:
+        return layer.probs(x, q, k, None, False, query_index)
+    where = layout.partition(torch.arange(1, N + 1, device=q.device, dtype=q.dtype)[:, None]).squeeze(-1).long() - 1
+    mask = None if bool((where >= 0).all()) else (where >= 0).repeat(B, 1)[:, None, None, :]
+    windows, L = where.shape
+    xw = layout.partition(x.unsqueeze(1)).squeeze(1).flatten(0, 1)
+    grid, layer.token_grid = layer.token_grid, layout.size
+    try:
+        local = layer.probs(xw, _to_windows(q, layout), _to_windows(k, layout), mask, False, torch.arange(L))
+    finally:
+        layer.token_grid = grid
+    where = where.masked_fill(where < 0, N)  # padding lands in a spare row and column, cut below
+    full = local.new_zeros(B, H, N + 1, N + 1)
+    full[:, :, where[:, :, None], where[:, None, :]] = local.unflatten(0, (B, windows)).transpose(1, 2)
+    return full[:, :, query_index, :N]

@@ -54,11 +54,13 @@ class ZooSwinBlock(SwinTransformerBlock):
 
 
 def swin_softmax(spec: AttentionSpec) -> AttentionSpec:
-    """``softmax`` as Swin has it: ``SWIN_ATTENTION`` with the spec's other options; other specs as they are."""
+    """``softmax`` as Swin has it: ``SWIN_ATTENTION`` with the spec's other options (its ``window`` as the window
+    size); other specs as they are."""
     if spec == "softmax":
         return dict(SWIN_ATTENTION)
     if isinstance(spec, dict) and spec.get("name") == "softmax":
-        return {**SWIN_ATTENTION, **{k: v for k, v in spec.items() if k != "name"}}
+        options = {("window_size" if k == "window" else k): v for k, v in spec.items() if k != "name"}
+        return {**SWIN_ATTENTION, **options}
     return spec
 
 
