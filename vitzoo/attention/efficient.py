@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from . import functional as AF
 from .base import ZooAttention
 from .decoupled import decoupled_attention, decoupled_probs
@@ -22,7 +24,7 @@ class EfficientAttention(ZooAttention):
 
     rope_form = "decoupled"
     has_logits = False
-    no_sr = None
+    no_sr: Optional[str] = None
     no_causal = "it has no causal form; use attention='linear' with causal: true"
 
     def mix(self, x, q, k, v, attn_mask, is_causal, logit_noise):

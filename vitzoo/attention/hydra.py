@@ -62,7 +62,7 @@ class HydraAttention(ZooAttention):
     )
     has_logits = False
     no_causal = "it has no causal form here; use attention='linear' with causal: true"
-    no_sr = None
+    no_sr: Optional[str] = None
 
     def __init__(
         self, dim: int, num_heads: int = 8, *args, rescale: bool = False, train_tokens: Optional[int] = None, **kwargs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from . import functional as AF
 from .base import ZooAttention
 from .decoupled import decoupled_linear, decoupled_probs
@@ -24,7 +26,7 @@ class LinearAttention(ZooAttention):
     """
 
     has_logits = False
-    no_sr = None
+    no_sr: Optional[str] = None
 
     def __init__(
         self,

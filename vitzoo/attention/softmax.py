@@ -18,7 +18,7 @@ class SoftmaxAttention(ZooAttention):
     """softmax(q k^T * scale) v; ``fused`` uses SDPA, the eager twin materialises the matrix."""
 
     rope_form = "rotate"
-    no_sr = None
+    no_sr: Optional[str] = None
 
     def __init__(
         self,

@@ -121,24 +121,25 @@ def windowed_mix(
 
 
 def windowed_probs(
-    layer: Any, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, query_index: torch.Tensor
+    layer: Any, x: torch.Tensor, q: Optional[torch.Tensor], k: Optional[torch.Tensor], query_index: torch.Tensor
 ) -> torch.Tensor:
     """The implied (B, H, Q, N) matrix of ``layer`` in its windows: each query's row of its window's ``probs`` at
     the window's tokens, 0 elsewhere."""
-    B, H, N, _ = q.shape
+    B, N, _ = x.shape
     layout = layer_windows(layer, N)
     if layout.size == layout.grid:
         return layer.probs(x, q, k, None, False, query_index)
-    where = layout.partition(torch.arange(1, N + 1, device=q.device, dtype=q.dtype)[:, None]).squeeze(-1).long() - 1
+    where = layout.partition(torch.arange(1, N + 1, device=x.device)[:, None]).squeeze(-1) - 1  # -1: padding
     mask = None if bool((where >= 0).all()) else (where >= 0).repeat(B, 1)[:, None, None, :]
     windows, L = where.shape
     xw = layout.partition(x.unsqueeze(1)).squeeze(1).flatten(0, 1)
     grid, layer.token_grid = layer.token_grid, layout.size
     try:
-        local = layer.probs(xw, _to_windows(q, layout), _to_windows(k, layout), mask, False, torch.arange(L))
+        qw, kw = (None if t is None else _to_windows(t, layout) for t in (q, k))
+        local = layer.probs(xw, qw, kw, mask, False, torch.arange(L, device=x.device))
     finally:
         layer.token_grid = grid
     where = where.masked_fill(where < 0, N)  # padding lands in a spare row and column, cut below
-    full = local.new_zeros(B, H, N + 1, N + 1)
+    full = local.new_zeros(B, local.shape[1], N + 1, N + 1)
     full[:, :, where[:, :, None], where[:, None, :]] = local.unflatten(0, (B, windows)).transpose(1, 2)
     return full[:, :, query_index, :N]

@@ -8,19 +8,18 @@ layout of the FLatten, Agent, InLine and Pola PVT releases (mean head, no class 
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 import torch.fx
 import torch.nn as nn
 import torch.utils.checkpoint
-from timm.layers import to_2tuple, trunc_normal_
+from timm.layers import LayerNorm, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models import build_model_with_cfg
 from timm.models.vision_transformer import Block
 
-from vitzoo.attention import AttentionSpec, attention_layer
+from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
 from vitzoo.attention.base import share_grid
 from vitzoo.attention.grid import Layout, resample_tokens
 from .local_dir import verify_local_dir
@@ -114,7 +113,7 @@ class PyramidVisionTransformer(nn.Module):
                         context,
                     )
                 )
-                blocks[-1].attn.block_index = j
+                cast(ZooAttention, blocks[-1].attn).block_index = j
             setattr(self, f"block{s + 1}", nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dims[s + 1], reduction=stride, module=f"block{s + 1}"))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims[-1])) if class_token else None
@@ -226,7 +225,7 @@ def _stage_block(spec, stage, dim, heads, mlp_ratio, qkv_bias, proj_drop, attn_d
             proj_drop=proj_drop,
             attn_drop=attn_drop,
             drop_path=drop_path,
-            norm_layer=partial(nn.LayerNorm, eps=1e-6),
+            norm_layer=LayerNorm,  # timm's: eps 1e-6
             attn_layer=attention_layer(spec, **context),
         )
     except ValueError as err:
@@ -253,7 +252,7 @@ def _checkpoint_filter(state_dict: dict, model: PyramidVisionTransformer) -> dic
 
 
 def _create(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs):
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
     return build_model_with_cfg(
         PyramidVisionTransformer,

@@ -7,7 +7,7 @@ model is timm's, and timm's state dicts load strictly (docs/pyramids.md).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Dict, Sequence, cast
 
 import torch
 import torch.fx
@@ -15,7 +15,7 @@ from timm.layers import to_2tuple, to_ntuple
 from timm.models import build_model_with_cfg
 from timm.models.pvt_v2 import Block, PyramidVisionTransformerV2, checkpoint_filter_fn
 
-from vitzoo.attention import AttentionSpec
+from vitzoo.attention import AttentionSpec, ZooAttention
 from vitzoo.attention.base import share_grid
 from .local_dir import verify_local_dir
 from .pyramid import stage_attention, stage_layer, with_defaults
@@ -30,7 +30,7 @@ class ZooPvtV2Block(Block):
     """timm's PVTv2 block whose attention is a zoo layer: it learns the block's (h, w) grid on each forward."""
 
     def forward(self, x: torch.Tensor, feat_size: Sequence[int]) -> torch.Tensor:
-        x = share_grid(x, [self.attn], (feat_size[0], feat_size[1]))
+        x = share_grid(x, [cast(ZooAttention, self.attn)], (feat_size[0], feat_size[1]))
         x = x + self.drop_path1(self.attn(self.norm1(x)))
         return x + self.drop_path2(self.mlp(self.norm2(x), feat_size))
 
@@ -44,11 +44,12 @@ class ZooPvtV2(PyramidVisionTransformerV2):
 
     def __init__(self, *args, attention: Any = "softmax", img_size: Any = 224, **kwargs):
         super().__init__(*args, **kwargs)
-        depths = [len(stage.blocks) for stage in self.stages]
+        stages: Any = self.stages
+        depths = [len(stage.blocks) for stage in stages]
         sr_ratios = to_ntuple(len(depths))(kwargs.get("sr_ratios", (8, 4, 2, 1)))
         defaults = [{"sr_pool": 7} if kwargs.get("linear") else {"sr_ratio": sr} for sr in sr_ratios]
         size = to_2tuple(img_size)
-        for s, (stage, specs) in enumerate(zip(self.stages, stage_attention(attention, depths))):
+        for s, (stage, specs) in enumerate(zip(stages, stage_attention(attention, depths))):
             grid = (_stage_side(size[0], s), _stage_side(size[1], s))
             for index, (block, spec) in enumerate(zip(stage.blocks, specs)):
                 old = block.attn
@@ -77,7 +78,7 @@ def _stage_side(side: int, stage: int) -> int:
 
 
 def _create(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs) -> ZooPvtV2:
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
     return build_model_with_cfg(
         ZooPvtV2,
@@ -107,7 +108,7 @@ def _cfg(**kwargs):
     }
 
 
-PVT_V2_ARCHS = {
+PVT_V2_ARCHS: Dict[str, Dict[str, Any]] = {
     "pvt_v2_b0": dict(depths=(2, 2, 2, 2), embed_dims=(32, 64, 160, 256), num_heads=(1, 2, 5, 8)),
     "pvt_v2_b1": dict(depths=(2, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8)),
     "pvt_v2_b2": dict(depths=(3, 4, 6, 3), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8)),

@@ -8,7 +8,7 @@ in a stage refuses in one line that names the stage.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Mapping, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Type, cast
 
 import torch.nn as nn
 
@@ -22,7 +22,8 @@ def with_defaults(spec: AttentionSpec, defaults: Mapping[str, Any]) -> Attention
     """``spec`` with each of ``defaults`` that its mechanism takes and it leaves unset: ``sr_ratio`` / ``sr_pool``
     where the mechanism reduces keys (``no_sr`` is None), ``window`` where it takes one (``window_size`` for the
     ``window`` mechanism, which is windowed itself)."""
-    cls, options = resolve_attention(spec)
+    resolved, options = resolve_attention(spec)
+    cls = cast(Type[ZooAttention], resolved)
     name = spec if isinstance(spec, str) else spec["name"]
     added: Dict[str, Any] = {}
     for key, value in defaults.items():

@@ -254,7 +254,9 @@ default_cfgs = zoo_cfgs({name: _cfg() for name in RAVLT_ARCHS})
 
 
 def _create(short: str, pretrained: bool, kwargs: dict) -> Ravlt:
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
+    verify_local_dir(
+        pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), kwargs.get("attention")
+    )
     return build_model_with_cfg(
         Ravlt,
         timm_name(short),

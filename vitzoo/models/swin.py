@@ -10,7 +10,7 @@ the stage is global attention over the stage, as the FLatten, Agent, InLine and 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Set, Tuple, cast
 
 import torch
 import torch.fx
@@ -24,7 +24,7 @@ from timm.models.swin_transformer import (
 )
 from timm.models.vision_transformer import init_weights_vit_timm
 
-from vitzoo.attention import AttentionSpec, resolve_attention
+from vitzoo.attention import AttentionSpec, ZooAttention, resolve_attention
 from vitzoo.attention.base import share_grid
 from .local_dir import verify_local_dir
 from .pyramid import stage_attention, stage_layer, with_defaults
@@ -42,7 +42,7 @@ class ZooSwinBlock(SwinTransformerBlock):
 
     def _attn(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, C = x.shape
-        tokens = share_grid(x.reshape(B, H * W, C), [self.attn], (H, W))
+        tokens = share_grid(x.reshape(B, H * W, C), [cast(ZooAttention, self.attn)], (H, W))
         return self.attn(tokens).reshape(B, H, W, C)
 
     def _init_buffers(self) -> None:
@@ -75,11 +75,12 @@ class ZooSwinTransformer(SwinTransformer):
     def __init__(self, *args, attention: Any = SWIN_ATTENTION, **kwargs):
         kwargs.setdefault("strict_img_size", False)
         super().__init__(*args, **kwargs)
-        depths = [len(stage.blocks) for stage in self.layers]
+        stages: Any = self.layers
+        depths = [len(stage.blocks) for stage in stages]
         windows = resolve_stage_window_sizes(kwargs.get("window_size", 7), len(depths))
         size = to_2tuple(kwargs.get("img_size", 224))
         patch = kwargs.get("patch_size", 4)
-        for s, (stage, specs) in enumerate(zip(self.layers, stage_attention(attention, depths))):
+        for s, (stage, specs) in enumerate(zip(stages, stage_attention(attention, depths))):
             grid = tuple(-(-side // patch // 2**s) for side in size)  # merging pads odd sides: ceil
             window = min(windows[s][0], *grid)  # timm's clamp: a stage no larger than its window is one window
             for index, (block, spec) in enumerate(zip(stage.blocks, specs)):
@@ -110,7 +111,7 @@ class ZooSwinTransformer(SwinTransformer):
 
 
 def _create(variant: str, pretrained: bool = False, attention: AttentionSpec = SWIN_ATTENTION, **kwargs):
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"))
+    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
     out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
     return build_model_with_cfg(
         ZooSwinTransformer,
@@ -140,7 +141,7 @@ def _cfg(**kwargs):
     }
 
 
-SWIN_ARCHS = {
+SWIN_ARCHS: Dict[str, Dict[str, Any]] = {
     "swin_tiny": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), drop_path_rate=0.2),
     "swin_small": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), drop_path_rate=0.3),
 }
