@@ -147,7 +147,7 @@ def test_cpu_kernel_feature_map_matches_float64_exp():
     x = torch.cat([torch.linspace(-110, 10, 24001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, -87.0, -87.4, -103.9])])
     rows = x.reshape(-1, 1, 1, 1)  # (B, H, N, D): one token of one feature per slice
     for name, expected in [("elu", phi(x, "elu")), ("relu", phi(x, "relu"))]:
-        _, z = kernel.state_sweep(rows, torch.ones_like(rows), KERNEL_MAPS[name], 0, 1, 256)
+        _, _, z = kernel.forward(rows, rows, torch.ones_like(rows), KERNEL_MAPS[name], EPS, 256, 1)
         err = (z.flatten().double() - expected).abs()
         normal = expected >= torch.finfo(torch.float32).tiny
         assert (err[normal] / expected[normal]).max() < 3e-7, name
@@ -189,6 +189,51 @@ def test_cpu_kernel_matches_torch_ops(feature_map, wanted, layout):
             torch.testing.assert_close(g_, g_ref, rtol=1e-4, atol=1e-6)
 
 
+# The pyramids' stage shapes (1-2 heads of 32 or 64 channels) and awkward ones: token counts no 256-row block or
+# thread split divides, odd head and value dims, and 16 slices (with two threads: ATen's threads, not the pool)
+KERNEL_SHAPES = [
+    (1, 1, 3136, 32, 32),
+    (1, 2, 1000, 64, 64),
+    (2, 1, 777, 48, 40),
+    (1, 2, 257, 33, 64),
+    (8, 2, 70, 32, 32),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", KERNEL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("feature_map", ["elu", "relu"])
+def test_cpu_kernel_matches_naive_reference(feature_map, shape, threads):
+    """The kernel's forward and backward against the naive formula in float64: float32 within its rounding, float64
+    to ~1e-12, on one thread and on two (one token range per thread in each slice, partial sums added in order)."""
+    b, h, n, d, dv = shape
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for dtype, rtol, grad_rtol in [(torch.float32, 1e-5, 1e-4), (torch.float64, 1e-12, 1e-11)]:
+            q, k, v = make_qkv(b, h, n, d, dv, dtype=dtype, seed=n)
+            out = torch_path(q, k, v, feature_map, EPS, use_kernel=True)
+            wide = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+            ref = naive_linear_attention(*wide, feature_map, EPS)
+            assert_close_rel(out, ref, rtol, atol=0)
+            for g, g_ref in zip(grads(out, (q, k, v)), grads(ref, wide), strict=True):
+                assert_close_rel(g, g_ref, grad_rtol, atol=1e-6 * (dtype == torch.float32))
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_cpu_kernel_on_two_threads_is_deterministic():
+    """Two threads on one slice (a token range each, partial sums added in order): the same result on every call."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v = make_qkv(1, 1, 4099, 64, requires_grad=False)
+        first = torch_path(q, k, v, use_kernel=True)
+        assert all(torch.equal(torch_path(q, k, v, use_kernel=True), first) for _ in range(3))
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 def test_cpu_kernel_copies_overlapping_rows(feature_map):
     """Keys broadcast over the tokens (row stride 0) and the all-stride-0 gradient of out.sum() are
@@ -215,13 +260,15 @@ def test_mismatched_shapes_are_errors_not_memory_corruption():
     with pytest.raises(ValueError, match="shape mismatch"):
         torch_path(q.repeat(1, 2, 1, 1), k, v, use_kernel=True)
     kernel, elu = CK.cpu_kernel(q, "elu"), KERNEL_MAPS["elu"]
-    with pytest.raises(RuntimeError, match="one \\(B, H, N\\)"):
-        kernel.state_sweep(torch.randn(1, 1, 3000, 4), v, elu, 0, 3000, 256)
-    S, z = kernel.state_sweep(k, v, elu, 0, 10, 256)
+    with pytest.raises(RuntimeError, match="expected q \\(B, H, Nq, D\\)"):
+        kernel.forward(q, torch.randn(1, 1, 3000, 4), v, elu, EPS, 256, 1)
+    out, S, z = kernel.forward(q, k, v, elu, EPS, 256, 1)
     with pytest.raises(RuntimeError, match="state S"):
-        kernel.output_sweep(q, S[:, :2], z, EPS, elu, torch.empty_like(v), 0, 10, 256)
-    with pytest.raises(RuntimeError, match="token range"):
-        kernel.output_sweep(q, S, z, EPS, elu, torch.empty_like(v), 0, 11, 256)
+        kernel.backward(out, q, k, v, S[:, :2], z, elu, EPS, None, None, torch.empty_like(v), 256, 1)
+    with pytest.raises(RuntimeError, match="dout must be shaped like the output"):
+        kernel.backward(out[:, :, :9], q, k, v, S, z, elu, EPS, None, None, torch.empty_like(v), 256, 1)
+    with pytest.raises(RuntimeError, match="dk must be shaped"):
+        kernel.backward(out, q, k, v, S, z, elu, EPS, None, torch.empty(1, 1, 11, 4), None, 256, 1)
 
 
 def test_cpu_kernel_fallback_and_switches(monkeypatch):

@@ -12,12 +12,12 @@ g = dO / den, a = g S^T and w = (phi(q).a) / den the gradients are
 i.e. six (chunk x d x d) matmuls in all and one read of q, k, v, dO. Sums run in fp32 for any
 input dtype; outputs and gradients come back in the inputs' dtypes.
 
-The four sweeps (state, output, query grads, key/value grads) each walk a token range with one of
-two step sets of the same signatures: ``_KernelSteps``, the compiled CPU kernel (cpu_kernel.py; one
-call per range, in blocks of 256 rows per (batch, head) slice that stay in L2, the feature map and
-the element-wise work fused into row loops, the products straight to MKL; float32 / float64 CPU
-tensors, elu, relu and identity), or ``_TorchSteps`` in torch ops (chunks of all slices at once; any device,
-dtype and feature map; the reference the kernel is tested against).
+Two step sets run a forward and a backward: ``_KernelSteps``, the compiled CPU kernel (cpu_kernel.py;
+one call per forward or backward, threaded inside it, in blocks of 256 rows per (batch, head) slice that
+stay in L2, the feature map and the element-wise work fused into row loops, the products straight to
+MKL; float32 / float64 CPU tensors, elu, relu and identity), or ``_TorchSteps`` in torch ops, four sweeps
+(state, output, query grads, key/value grads) over token ranges, in chunks of all slices at once (any
+device, dtype and feature map; the reference the kernel is tested against).
 """
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ def _bmm_into(slot: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         slot.copy_(torch.bmm(a, b))
 
 
+def _threads(like: torch.Tensor, n: int) -> int:
+    """Threads for a pass over n tokens of ``like``'s slices: torch's intra-op count, one for tiny inputs."""
+    threads = torch.get_num_threads() if like.device.type == "cpu" else 1
+    if threads <= 1 or like.shape[0] * like.shape[1] >= _OMP_SLICES_PER_THREAD * threads:
+        return threads
+    return min(threads, n // _MIN_WORKER_TOKENS) if like.numel() >= _MIN_PARALLEL_ELEMENTS else 1
+
+
 def _sweep(walk, n: int, like: torch.Tensor):
     """Sum of ``walk(lo, hi)`` (a tuple of tensors, or None) over a split of range(n) (walks may also
     write outputs).
@@ -107,11 +115,10 @@ def _sweep(walk, n: int, like: torch.Tensor):
     threads of the surrounding model. Partial sums are added in a fixed order, so the result is
     deterministic for a given thread count.
     """
-    threads = torch.get_num_threads() if like.device.type == "cpu" else 1
-    if threads <= 1 or like.shape[0] * like.shape[1] >= _OMP_SLICES_PER_THREAD * threads:
+    workers = _threads(like, n)
+    if workers <= 1 or like.shape[0] * like.shape[1] >= _OMP_SLICES_PER_THREAD * workers:
         return walk(0, n)
-    workers = min(threads, n // _MIN_WORKER_TOKENS) if like.numel() >= _MIN_PARALLEL_ELEMENTS else 1
-    ranges = _spans(0, n, -(-n // max(1, workers)))
+    ranges = _spans(0, n, -(-n // workers))
     return _total(single_threaded_pool(len(ranges)).map(lambda lo_hi: walk(*lo_hi), ranges))
 
 
@@ -152,8 +159,16 @@ class _TorchSteps:
         width = max(q.shape[-1] + fm.extra, v.shape[-1])
         self.chunk = chunk or chunk_tokens(q.shape[0] * q.shape[1], width, num_tokens, q.device)
 
-    def prepare(self, *tensors):
-        return tensors
+    def forward(self, q, k, v):
+        S, z = _sweep(lambda lo, hi: self.state(k, v, lo, hi), k.shape[2], k)
+        out = v.new_empty(q.shape[:3] + v.shape[3:])
+        _sweep(lambda lo, hi: self.output(q, S, z, out, lo, hi), q.shape[2], q)
+        return out, S, z
+
+    def backward(self, dout, q, k, v, S, z, dq, dk, dv):
+        dS, dz = _sweep(lambda lo, hi: self.query_grad(q, dout, S, z, dq, lo, hi), q.shape[2], q)
+        if dk is not None or dv is not None:
+            _sweep(lambda lo, hi: self.key_value_grad(k, v, dS, dz, dk, dv, lo, hi), k.shape[2], k)
 
     @_chunked
     def state(self, k, v, s, e, buf):
@@ -203,27 +218,26 @@ def _unit_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _KernelSteps:
-    """The same steps as sweeps of the compiled CPU kernel (cpu_kernel.py): one call walks a token range
-    of every slice in blocks of ``block`` rows per slice; float32 / float64, the maps of ``KERNEL_MAPS``."""
+    """The forward and backward as calls of the compiled CPU kernel (cpu_kernel.py), each walking every slice in
+    blocks of ``block`` rows on ``_threads`` threads; float32 / float64, the maps of ``KERNEL_MAPS``."""
 
     def __init__(self, kernel, feature_map: str, eps: float, block: Optional[int], dtype: torch.dtype):
         self.kernel, self.map, self.eps = kernel, KERNEL_MAPS[feature_map], eps
         self.block, self.dtype = block or _KERNEL_BLOCK_ROWS, dtype
 
-    def prepare(self, *tensors):
+    def _rows(self, *tensors):
         return tuple(_unit_rows(t, self.dtype) for t in tensors)
 
-    def state(self, k, v, lo, hi):
-        return tuple(self.kernel.state_sweep(k, v, self.map, lo, hi, self.block))
+    def _threads(self, q, k) -> int:
+        return max(_threads(q, q.shape[2]), _threads(k, k.shape[2]))
 
-    def output(self, q, S, z, out, lo, hi):
-        self.kernel.output_sweep(q, S, z, self.eps, self.map, out, lo, hi, self.block)
+    def forward(self, q, k, v):
+        q, k, v = self._rows(q, k, v)
+        return tuple(self.kernel.forward(q, k, v, self.map, self.eps, self.block, self._threads(q, k)))
 
-    def query_grad(self, q, dout, S, z, dq, lo, hi):
-        return tuple(self.kernel.query_grad_sweep(q, dout, S, z, self.eps, self.map, dq, lo, hi, self.block))
-
-    def key_value_grad(self, k, v, dS, dz, dk, dv, lo, hi):
-        self.kernel.key_value_grad_sweep(k, v, dS, dz, self.map, dk, dv, lo, hi, self.block)
+    def backward(self, dout, q, k, v, S, z, dq, dk, dv):
+        q, k, v, dout = self._rows(q, k, v, dout)
+        self.kernel.backward(dout, q, k, v, S, z, self.map, self.eps, dq, dk, dv, self.block, self._threads(q, k))
 
 
 def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool]):
@@ -241,30 +255,19 @@ def _steps(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kern
     return _TorchSteps(FUSED_MAPS[feature_map], eps, chunk, q, v, max(q.shape[2], k.shape[2]))
 
 
-def _forward(q, k, v, steps):
-    q, k, v = steps.prepare(q, k, v)
-    S, z = _sweep(lambda lo, hi: steps.state(k, v, lo, hi), k.shape[2], k)
-    out = v.new_empty(q.shape[:3] + v.shape[3:])
-    _sweep(lambda lo, hi: steps.output(q, S, z, out, lo, hi), q.shape[2], q)
-    return out, S, z
-
-
 def _backward(dout, q, k, v, S, z, steps, needs):
     def new(x, wanted):
         return torch.empty_like(x, memory_format=torch.contiguous_format) if wanted else None
 
     dq, dk, dv = (new(x, wanted) for x, wanted in zip((q, k, v), needs))
-    q, k, v, dout = steps.prepare(q, k, v, dout)
-    dS, dz = _sweep(lambda lo, hi: steps.query_grad(q, dout, S, z, dq, lo, hi), q.shape[2], q)
-    if dk is not None or dv is not None:
-        _sweep(lambda lo, hi: steps.key_value_grad(k, v, dS, dz, dk, dv, lo, hi), k.shape[2], k)
+    steps.backward(dout, q, k, v, S, z, dq, dk, dv)
     return dq, dk, dv
 
 
 def torch_forward(q, k, v, feature_map: str, eps: float, chunk: Optional[int], use_kernel: Optional[bool]):
     """(out, S, z): the forward of ``ops.linear_attention_op`` on this path."""
     with torch.autocast(q.device.type, enabled=False):  # fp32 sums whatever the caller's autocast
-        return _forward(q, k, v, _steps(q, k, v, feature_map, eps, chunk, use_kernel))
+        return _steps(q, k, v, feature_map, eps, chunk, use_kernel).forward(q, k, v)
 
 
 def torch_backward(

@@ -1,21 +1,34 @@
-// The CPU linear-attention sweeps of the torch path (torch_linear.py; built by cpu_kernel.py). Each sweep walks
-// one token range of every (batch, head) slice in blocks of rows small enough to stay in the core's L2: the
-// feature map, the normaliser and the element-wise work fused into row loops over the block (1 / den folded into
-// the feature rows, so that the products write the results directly), the (block x d x d) products handed straight
-// to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are (B, H, N, D) with unit column stride
-// and any other strides (timm's packed qkv views); float32, or float64 for gradcheck. phi'(x) is read off
-// f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above), relu -> [f > 0], identity
-// (features computed by the caller) -> 1. Built with -fno-trapping-math so that the branch-free row loops
-// vectorise; float32 elu+1 rows take an AVX-512 form of the same exp where the build targets AVX-512.
+// The CPU kernel of the torch path's non-causal linear attention (torch_linear.py; built by cpu_kernel.py): one call
+// per forward and one per backward. Each walks every (batch, head) slice in two phases: the state (S = phi(k)^T v,
+// z = sum phi(k)), then the output (or, backward: the query gradients with dS, dz, then the key / value gradients).
+// A phase cuts the slices' tokens into units (with few slices, one token range per thread in each slice; partial
+// sums added in a fixed order) run by `threads` threads: a pool of the kernel's own (few slices: no OpenMP region
+// per call, and safe across fork), or ATen's OpenMP threads (many slices, e.g. a training batch). A unit walks its
+// tokens in blocks of rows small enough to stay in the core's L2: the feature map, the normaliser and the
+// element-wise work fused into row loops over the block (1 / den folded into the feature rows, so that the products
+// write the results directly), the (block x d x d) products handed straight to BLAS (the sgemm_ of the MKL that
+// ATen links, else ATen's mm). Inputs are (B, H, N, D) with unit column stride and any other strides (timm's packed
+// qkv views); float32, or float64 for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1
+// for x <= 0, x + 1 > 1 above), relu -> [f > 0], identity (features computed by the caller) -> 1. Built with
+// -fno-trapping-math so that the branch-free row loops vectorise; float32 elu+1 rows take an AVX-512 form of the
+// same exp where the build targets AVX-512.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cmath>
 #include <cstdint>
 #include <climits>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <pthread.h>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -120,30 +133,91 @@ inline T dot(const T* a, const T* b, int64_t n) {
 
 inline bool has_mkl() { return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr; }
 
-// C (m x n, row stride ldc) = op(A) op(B) + beta C for row-major A, B; ta / tb: A / B are stored transposed.
-// float32 goes straight to sgemm_ where ATen links MKL (and the sizes fit its 32-bit ints): column-major BLAS
-// sees every row-major matrix transposed, so it computes C^T = op(B)^T op(A)^T. float64 (gradcheck) and
-// other builds go through at::mm.
+#if defined(__AVX512F__)
+// C (MR x 16 NV, row stride ldc) = (accumulate: C +) sum_k A(i, k) B(k, :) for float32, A(i, k) = a[i ars + k acs],
+// B's row k at b + k ldb, `last` the lanes of the last 16 columns that exist: MR x NV accumulators in registers,
+// B's rows loaded once per k, A broadcast from memory.
+template <int MR, int NV>
+void tile(int64_t kdim, const float* __restrict a, int64_t ars, int64_t acs, const float* __restrict b, int64_t ldb,
+          float* __restrict c, int64_t ldc, __mmask16 last, bool accumulate) {
+  // fully unrolled, so that the accumulators live in registers (GCC spills a partly unrolled array every k)
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* ak = a;
+  const float* bk = b;
+  for (int64_t k = 0; k < kdim; ++k, ak += acs, bk += ldb) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) bv[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * j) : _mm512_loadu_ps(bk + 16 * j);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(ak[i * ars]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(ai, bv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      float* ci = c + i * ldc + 16 * j;
+      const __mmask16 m = j == NV - 1 ? last : __mmask16(0xFFFF);
+      _mm512_mask_storeu_ps(ci, m, accumulate ? _mm512_add_ps(acc[i][j], _mm512_maskz_loadu_ps(m, ci)) : acc[i][j]);
+    }
+}
+
+using Tile = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, __mmask16, bool);
+template <int MR>
+constexpr std::array<Tile, 4> tiles_of{tile<MR, 1>, tile<MR, 2>, tile<MR, 3>, tile<MR, 4>};
+constexpr int kTileRows = 6;  // 6 x 4 accumulators, 4 rows of B and a broadcast: 29 of the 32 registers
+constexpr std::array<std::array<Tile, 4>, kTileRows> kTiles{tiles_of<1>, tiles_of<2>, tiles_of<3>,
+                                                             tiles_of<4>, tiles_of<5>, tiles_of<6>};
+
+// C (m x n) = (accumulate: C +) op(A) B in tiles of 6 rows x 64 columns: no packing, no separate beta pass, none
+// of a BLAS call's fixed cost; A's elements read in place whichever way it is stored.
+void small_gemm(bool ta, int64_t m, int64_t n, int64_t kdim, const float* A, int64_t lda, const float* B,
+                int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t width = std::min<int64_t>(64, n - j0), nv = (width + 15) / 16;
+    const __mmask16 last = __mmask16((1u << (width - 16 * (nv - 1))) - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
+      kTiles[mr - 1][nv - 1](kdim, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc, last, accumulate);
+    }
+  }
+}
+#endif
+
+// C (m x n, row stride ldc) = op(A) B + beta C (beta 0 or 1) for row-major A, B; ta: A is stored transposed.
+// float32 takes the register tiles above where the build targets AVX-512, else goes straight to sgemm_ where ATen
+// links MKL (and the sizes fit its 32-bit ints; column-major BLAS sees every row-major matrix transposed, so it
+// computes C^T = B^T op(A)^T). float64 (gradcheck) and other builds go through at::mm.
 template <typename T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B, int64_t ldb,
-          T beta, T* C, int64_t ldc) {
+void gemm(bool ta, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C,
+          int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX512F__)
+    small_gemm(ta, m, n, k, A, lda, B, ldb, C, ldc, beta != 0.0f);
+    return;
+#else
     if (has_mkl() && k > 0 && std::max({m, n, k, lda, ldb, ldc}) <= INT_MAX) {
-      const char opa = ta ? 'T' : 'N', opb = tb ? 'T' : 'N';
+      const char opa = ta ? 'T' : 'N', opb = 'N';
       const int M = int(m), N = int(n), K = int(k), LA = int(lda), LB = int(ldb), LC = int(ldc);
       const float one = 1;
       sgemm_(&opb, &opa, &N, &M, &K, &one, B, &LB, A, &LA, &beta, C, &LC);
       return;
     }
+#endif
   }
   const auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
-  auto view = [&](const T* p, int64_t rows, int64_t cols, int64_t ld, bool t) {
-    auto x = at::from_blob(const_cast<T*>(p), {t ? cols : rows, t ? rows : cols}, {ld, 1}, opts);
-    return t ? x.t() : x;
-  };
+  auto a = at::from_blob(const_cast<T*>(A), {ta ? k : m, ta ? m : k}, {lda, 1}, opts);
   auto c = at::from_blob(C, {m, n}, {ldc, 1}, opts);
-  auto product = at::mm(view(A, m, k, lda, ta), view(B, k, n, ldb, tb));
+  auto product = at::mm(ta ? a.t() : a, at::from_blob(const_cast<T*>(B), {k, n}, {ldb, 1}, opts));
   if (beta == T(0)) c.copy_(product);
   else c.add_(product);
 }
@@ -167,14 +241,14 @@ struct Rows {
   T* operator()(int64_t s, int64_t r) const { return data + (s / heads) * sb + (s % heads) * sh + r * ld; }
 };
 
-// Per-thread scratch of a sweep: (block x width) buffers, reused from block to block.
+// Per-thread scratch of a phase: (block x width) buffers, reused from block to block.
 template <typename T>
 struct Scratch {
   std::vector<T> f, p, a, den;
   explicit Scratch(int64_t block, int64_t width) : f(block * width), p(block * width), a(block * width), den(block) {}
 };
 
-// One thread's MKL kept to a single thread while it lives (a worker's products must not fan out).
+// One thread's MKL kept to a single thread while it lives (a thread's products must not fan out).
 struct SingleThreadedMkl {
   int previous = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
   ~SingleThreadedMkl() {
@@ -182,19 +256,125 @@ struct SingleThreadedMkl {
   }
 };
 
-// body(s, r0, rows, scratch) for each block of at most `block` rows of tokens [lo, hi) in every slice, slices
-// split over ATen's threads (one thread in a worker), each with its own scratch and its MKL kept to itself.
-template <typename T, typename Body>
-void for_blocks(int64_t slices, int64_t lo, int64_t hi, int64_t block, int64_t width, const Body& body) {
-  TORCH_CHECK(block > 0, "block must be a positive number of rows, got ", block);
-  if (hi <= lo) return;
-  at::parallel_for(0, slices, 1, [&](int64_t s0, int64_t s1) {
-    Scratch<T> buf(std::min(block, hi - lo), width);
-    const SingleThreadedMkl single;
-    for (int64_t s = s0; s < s1; ++s)
-      for (int64_t r0 = lo; r0 < hi; r0 += block) body(s, r0, std::min(block, hi - r0), buf);
-  });
-}
+// The kernel's worker threads: run(n, job) calls job(0) on the caller and job(1..n-1) on workers, and returns when
+// all are done (rethrowing a worker's exception). Process-wide, never destroyed (its threads wait for work until the
+// process exits); a child of fork starts without one (threads do not survive fork).
+class Pool {
+ public:
+  static Pool& get() {
+    static const bool registered = [] { return pthread_atfork(nullptr, nullptr, [] { instance() = nullptr; }) == 0; }();
+    (void)registered;
+    std::lock_guard<std::mutex> lock(creation());
+    if (instance() == nullptr) instance() = new Pool;
+    return *instance();
+  }
+
+  void run(int64_t n, const std::function<void(int64_t)>& job) {
+    std::lock_guard<std::mutex> call(calls_);  // one call at a time: the workers serve one job
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (int64_t(workers_) < n - 1) {
+        std::thread([this, index = int64_t(++workers_)] { serve(index); }).detach();
+      }
+      job_ = &job;
+      active_ = n;
+      remaining_ = n - 1;
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    std::exception_ptr error;
+    try {
+      job(0);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return remaining_ == 0; });
+    if (error == nullptr) error = error_;
+    if (error != nullptr) std::rethrow_exception(error);
+  }
+
+ private:
+  static Pool*& instance() {
+    static Pool* pool = nullptr;
+    return pool;
+  }
+  static std::mutex& creation() {
+    static std::mutex m;
+    return m;
+  }
+
+  void serve(int64_t index) {
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(1);
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (index >= active_) continue;
+      const auto* job = job_;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        (*job)(index);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (error != nullptr && error_ == nullptr) error_ = error;
+      if (--remaining_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex calls_, mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t)>* job_ = nullptr;
+  std::exception_ptr error_;
+  uint64_t generation_ = 0;
+  size_t workers_ = 0;
+  int64_t active_ = 0, remaining_ = 0;
+};
+
+constexpr int64_t kOmpSlicesPerThread = 8;  // this many (batch, head) slices per thread: ATen's OpenMP threads
+
+// The units of a phase: each slice's tokens [0, n) cut into `parts` near-equal ranges (one per thread with few
+// slices, else whole slices), unit u = (slice u / parts, part u % parts); `threads` threads take near-equal runs of
+// consecutive units.
+struct Units {
+  int64_t slices, parts, n, threads;
+  Units(int64_t slices, int64_t n, int64_t threads)
+      : slices(slices),
+        parts(threads > 1 && slices < kOmpSlicesPerThread * threads ? threads : 1),
+        n(n),
+        threads(std::max<int64_t>(1, std::min(threads, slices * parts))) {}
+  int64_t lo(int64_t part) const { return n * part / parts; }
+
+  // body(s, part, r0, rows, scratch) for each block of at most `block` rows of every unit.
+  template <typename T, typename Body>
+  void run(int64_t block, int64_t width, const Body& body) const {
+    TORCH_CHECK(block > 0, "block must be a positive number of rows, got ", block);
+    if (n == 0 || slices == 0) return;
+    const int64_t units = slices * parts;
+    auto walk = [&](int64_t t) {
+      Scratch<T> buf(std::min(block, n / parts + 1), width);
+      const SingleThreadedMkl single;
+      for (int64_t u = units * t / threads; u < units * (t + 1) / threads; ++u) {
+        const int64_t s = u / parts, part = u % parts, hi = lo(part + 1);
+        for (int64_t r0 = lo(part); r0 < hi; r0 += block) body(s, part, r0, std::min(block, hi - r0), buf);
+      }
+    };
+    if (threads == 1) {
+      walk(0);
+    } else if (parts == 1) {
+      at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) walk(t);
+      });
+    } else {
+      Pool::get().run(threads, walk);
+    }
+  }
+};
 
 // f (rows x width, contiguous) = phi(x) for `rows` rows from x(s, r0); z, when given, += the column sums.
 template <Map M, typename T>
@@ -238,12 +418,14 @@ void scaled_features(const Rows<T>& q, int64_t s, int64_t r0, int64_t rows, cons
 
 inline int64_t slices_of(const at::Tensor& x) { return x.size(0) * x.size(1); }
 
-// The sweeps index raw memory: every shape they rely on is checked first (tokens [lo, hi) of x, y's
-// (B, H, N) equal to x's, and a contiguous state S (BH, D, Dv), z (BH, D) for x's slices and width).
-void check_rows(const at::Tensor& x, const at::Tensor& y, int64_t lo, int64_t hi) {
-  TORCH_CHECK(x.dim() == 4 && y.dim() == 4 && x.sizes().slice(0, 3) == y.sizes().slice(0, 3),
-              "expected (B, H, N, *) tensors of one (B, H, N), got ", x.sizes(), " and ", y.sizes());
-  TORCH_CHECK(0 <= lo && lo <= hi && hi <= x.size(2), "token range [", lo, ", ", hi, ") outside ", x.size(2));
+// The kernel indexes raw memory: every shape it relies on is checked first (q (B, H, Nq, D), k (B, H, Nk, D),
+// v (B, H, Nk, Dv) of one dtype; a contiguous state S (BH, D, Dv), z (BH, D); gradients shaped like their inputs).
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.sizes().slice(0, 2) == k.sizes().slice(0, 2) &&
+                  k.sizes().slice(0, 3) == v.sizes().slice(0, 3) && q.size(3) == k.size(3),
+              "expected q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv), got ", q.sizes(), ", ", k.sizes(), ", ",
+              v.sizes());
+  TORCH_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "q, k and v must share one dtype");
 }
 void check_state(const at::Tensor& x, const at::Tensor& S, const at::Tensor& z, int64_t dv) {
   TORCH_CHECK(S.is_contiguous() && z.is_contiguous() && S.dtype() == x.dtype() && z.dtype() == x.dtype() &&
@@ -252,112 +434,104 @@ void check_state(const at::Tensor& x, const at::Tensor& S, const at::Tensor& z, 
               "expected a contiguous state S (BH, D, Dv) and z (BH, D) of the inputs' dtype, got ", S.sizes(),
               " and ", z.sizes());
 }
-
-// S = sum phi(k)^T v (BH, D, Dv) and z = sum phi(k) (BH, D) over tokens [lo, hi).
-template <Map M, typename T>
-std::vector<at::Tensor> state_sweep(const at::Tensor& k, const at::Tensor& v, int64_t lo, int64_t hi, int64_t block) {
-  check_rows(k, v, lo, hi);
-  TORCH_CHECK(v.dtype() == k.dtype(), "k and v must share one dtype");
-  const Rows<T> ks(k), vs(v);
-  const int64_t D = ks.width, Dv = vs.width;
-  auto S = at::zeros({slices_of(k), D, Dv}, k.options());
-  auto z = at::zeros({slices_of(k), D}, k.options());
-  T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
-  for_blocks<T>(slices_of(k), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    features<M>(ks, s, r0, rows, buf.f.data(), zp + s * D);
-    gemm<T>(true, false, D, Dv, rows, buf.f.data(), D, vs(s, r0), vs.ld, T(1), Sp + s * D * Dv, Dv);
-  });
-  return {S, z};
+void check_like(const c10::optional<at::Tensor>& grad, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(!grad.has_value() || (grad->sizes() == x.sizes() && grad->dtype() == x.dtype()), name,
+              " must be shaped and typed like its input");
 }
 
-// out = (phi(q) / (phi(q).z + eps)) S for tokens [lo, hi), written into out.
+// Per-part sums (parts, BH, ...) added in part order.
+inline at::Tensor total(const at::Tensor& parts) { return parts.size(0) == 1 ? parts[0] : parts.sum(0); }
+
+// (out, S, z): S = sum phi(k)^T v (BH, D, Dv), z = sum phi(k) (BH, D) over the keys, then
+// out = (phi(q) / (phi(q).z + eps)) S (B, H, Nq, Dv).
 template <Map M, typename T>
-void output_sweep(const at::Tensor& q, const at::Tensor& S, const at::Tensor& z, double eps, at::Tensor out,
-                  int64_t lo, int64_t hi, int64_t block) {
-  check_rows(q, out, lo, hi);
-  check_state(q, S, z, out.size(3));
-  TORCH_CHECK(out.dtype() == q.dtype(), "out must have the inputs' dtype");
-  const Rows<T> qs(q), os(out);
-  const int64_t D = qs.width, Dv = os.width;
-  const T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
-  for_blocks<T>(slices_of(q), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    T* f = buf.f.data();
-    scaled_features<M>(qs, s, r0, rows, zp + s * D, T(eps), f, buf.den.data());
-    gemm<T>(false, false, rows, Dv, D, f, D, Sp + s * D * Dv, Dv, T(0), os(s, r0), os.ld);
+std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double eps,
+                                int64_t block, int64_t threads) {
+  check_inputs(q, k, v);
+  const Rows<T> qs(q), ks(k), vs(v);
+  const int64_t BH = slices_of(q), D = ks.width, Dv = vs.width;
+  const Units keys(BH, k.size(2), threads);
+  auto S_parts = at::zeros({keys.parts, BH, D, Dv}, k.options());
+  auto z_parts = at::zeros({keys.parts, BH, D}, k.options());
+  T *Sp = S_parts.data_ptr<T>(), *zp = z_parts.data_ptr<T>();
+  keys.run<T>(block, D, [&](int64_t s, int64_t part, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    const int64_t slot = part * BH + s;
+    features<M>(ks, s, r0, rows, buf.f.data(), zp + slot * D);
+    gemm<T>(true, D, Dv, rows, buf.f.data(), D, vs(s, r0), vs.ld, T(1), Sp + slot * D * Dv, Dv);
   });
+  const auto S = total(S_parts), z = total(z_parts);
+  auto out = at::empty({q.size(0), q.size(1), q.size(2), Dv}, v.options());
+  const Rows<T> os(out);
+  const T *St = S.data_ptr<T>(), *zt = z.data_ptr<T>();
+  Units(BH, q.size(2), threads).run<T>(block, D, [&](int64_t s, int64_t, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    scaled_features<M>(qs, s, r0, rows, zt + s * D, T(eps), buf.f.data(), buf.den.data());
+    gemm<T>(false, rows, Dv, D, buf.f.data(), D, St + s * D * Dv, Dv, T(0), os(s, r0), os.ld);
+  });
+  return {out, S, z};
 }
 
-// Tokens [lo, hi) of the queries: dq (when given) and their share of dS, dz. With f = phi(q) / den (den =
-// phi(q).z + eps), a = dO S^T and c = f.a:  dphi(q) = (a - c z) / den,  dS = f^T dO,  dz = -sum c f.
+// dq, dk, dv (each when given, written in place). Queries first: with f = phi(q) / den (den = phi(q).z + eps),
+// a = dO S^T and c = f.a:  dphi(q) = (a - c z) / den,  dS = f^T dO,  dz = -sum c f  (dS, dz only for dk or dv);
+// then keys and values: dv = phi(k) dS, dk = (v dS^T + dz) phi'(k).
 template <Map M, typename T>
-std::vector<at::Tensor> query_grad_sweep(const at::Tensor& q, const at::Tensor& dout, const at::Tensor& S,
-                                         const at::Tensor& z, double eps, const c10::optional<at::Tensor>& dq,
-                                         int64_t lo, int64_t hi, int64_t block) {
-  check_rows(q, dout, lo, hi);
-  check_state(q, S, z, dout.size(3));
-  TORCH_CHECK(dout.dtype() == q.dtype(), "dout must have the inputs' dtype");
-  if (dq.has_value()) {
-    check_rows(q, *dq, lo, hi);
-    TORCH_CHECK(dq->size(3) == q.size(3) && dq->dtype() == q.dtype(), "dq must be shaped and typed like q");
-  }
-  const Rows<T> qs(q), dos(dout);
-  const int64_t D = qs.width, Dv = dos.width;
-  auto dS = at::zeros({slices_of(q), D, Dv}, q.options());
-  auto dz = at::zeros({slices_of(q), D}, q.options());
-  const T *Sp = S.data_ptr<T>(), *zp = z.data_ptr<T>();
-  T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
-  const bool write_dq = dq.has_value();
-  const Rows<T> dqs(write_dq ? *dq : q);
-  for_blocks<T>(slices_of(q), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& S, const at::Tensor& z, double eps, const c10::optional<at::Tensor>& dq,
+              const c10::optional<at::Tensor>& dk, const c10::optional<at::Tensor>& dv, int64_t block,
+              int64_t threads) {
+  check_inputs(q, k, v);
+  check_state(q, S, z, v.size(3));
+  TORCH_CHECK(dout.dim() == 4 && dout.sizes().slice(0, 3) == q.sizes().slice(0, 3) && dout.size(3) == v.size(3) &&
+                  dout.dtype() == q.dtype(),
+              "dout must be shaped like the output (B, H, Nq, Dv) and typed like the inputs, got ", dout.sizes());
+  check_like(dq, q, "dq");
+  check_like(dk, k, "dk");
+  check_like(dv, v, "dv");
+  const Rows<T> qs(q), ks(k), vs(v), dos(dout), dqs(dq.value_or(q)), dks(dk.value_or(k)), dvs(dv.value_or(v));
+  const int64_t BH = slices_of(q), D = qs.width, Dv = vs.width;
+  const bool state_grads = dk.has_value() || dv.has_value();
+  if (!dq.has_value() && !state_grads) return;
+  const Units queries(BH, q.size(2), threads);
+  auto dS_parts = at::zeros({state_grads ? queries.parts : 0, BH, D, Dv}, q.options());
+  auto dz_parts = at::zeros({state_grads ? queries.parts : 0, BH, D}, q.options());
+  const auto S_t = S.transpose(1, 2).contiguous();  // the products read B's rows: S^T's, dS^T's
+  const T *Stp = S_t.data_ptr<T>(), *zp = z.data_ptr<T>();
+  T *dSp = dS_parts.data_ptr<T>(), *dzp = dz_parts.data_ptr<T>();
+  queries.run<T>(block, D, [&](int64_t s, int64_t part, int64_t r0, int64_t rows, Scratch<T>& buf) {
     T *f = buf.f.data(), *p = buf.p.data(), *inv = buf.den.data();
     const T* __restrict zs = zp + s * D;
-    scaled_features<M>(qs, s, r0, rows, zs, T(eps), f, inv, write_dq ? p : nullptr);
-    T* a = write_dq ? dqs(s, r0) : buf.a.data();  // a = dO S^T, turned into dq in place
-    const int64_t lda = write_dq ? dqs.ld : D;
-    gemm<T>(false, true, rows, D, Dv, dos(s, r0), dos.ld, Sp + s * D * Dv, Dv, T(0), a, lda);
-    gemm<T>(true, false, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dSp + s * D * Dv, Dv);
-    T* __restrict dzs = dzp + s * D;
+    scaled_features<M>(qs, s, r0, rows, zs, T(eps), f, inv, dq.has_value() ? p : nullptr);
+    T* a = dq.has_value() ? dqs(s, r0) : buf.a.data();  // a = dO S^T, turned into dq in place
+    const int64_t lda = dq.has_value() ? dqs.ld : D;
+    gemm<T>(false, rows, D, Dv, dos(s, r0), dos.ld, Stp + s * D * Dv, D, T(0), a, lda);
+    const int64_t slot = part * BH + s;
+    if (state_grads) gemm<T>(true, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dSp + slot * D * Dv, Dv);
+    T* __restrict dzs = state_grads ? dzp + slot * D : nullptr;
     for (int64_t r = 0; r < rows; ++r) {
       const T* __restrict fr = f + r * D;
       T* __restrict ar = a + r * lda;
       const T c = dot(fr, ar, D);
+      if (state_grads) {
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) dzs[i] -= c * fr[i];
-      if (!write_dq) continue;
+        for (int64_t i = 0; i < D; ++i) dzs[i] -= c * fr[i];
+      }
+      if (!dq.has_value()) continue;
       const T* __restrict pr = p + r * D;
       const T i_r = inv[r];
 #pragma omp simd
       for (int64_t i = 0; i < D; ++i) ar[i] = (ar[i] - c * zs[i]) * i_r * pr[i];
     }
   });
-  return {dS, dz};
-}
-
-// Tokens [lo, hi) of the keys and values: dv = phi(k) dS and dk = (v dS^T + dz) phi'(k) (each when given).
-template <Map M, typename T>
-void key_value_grad_sweep(const at::Tensor& k, const at::Tensor& v, const at::Tensor& dS, const at::Tensor& dz,
-                          const c10::optional<at::Tensor>& dk, const c10::optional<at::Tensor>& dv, int64_t lo,
-                          int64_t hi, int64_t block) {
-  check_rows(k, v, lo, hi);
-  check_state(k, dS, dz, v.size(3));
-  TORCH_CHECK(v.dtype() == k.dtype(), "k and v must share one dtype");
-  for (const auto& [grad, like] : {std::pair{&dk, &k}, std::pair{&dv, &v}}) {
-    if (!grad->has_value()) continue;
-    check_rows(*like, **grad, lo, hi);
-    TORCH_CHECK((*grad)->size(3) == like->size(3) && (*grad)->dtype() == like->dtype(),
-                "dk / dv must be shaped and typed like k / v");
-  }
-  const Rows<T> ks(k), vs(v), dks(dk.has_value() ? *dk : k), dvs(dv.has_value() ? *dv : v);
-  const int64_t D = ks.width, Dv = vs.width;
-  const T *dSp = dS.data_ptr<T>(), *dzp = dz.data_ptr<T>();
-  for_blocks<T>(slices_of(k), lo, hi, block, D, [&](int64_t s, int64_t r0, int64_t rows, Scratch<T>& buf) {
+  if (!state_grads) return;
+  const auto dS = total(dS_parts), dz = total(dz_parts), dS_t = dS.transpose(1, 2).contiguous();
+  const T *dSt = dS.data_ptr<T>(), *dSts = dS_t.data_ptr<T>(), *dzt = dz.data_ptr<T>();
+  Units(BH, k.size(2), threads).run<T>(block, D, [&](int64_t s, int64_t, int64_t r0, int64_t rows, Scratch<T>& buf) {
     T* f = buf.f.data();
-    const T* dSs = dSp + s * D * Dv;
+    const T* dSs = dSt + s * D * Dv;
     features<M>(ks, s, r0, rows, f);
-    if (dv.has_value()) gemm<T>(false, false, rows, Dv, D, f, D, dSs, Dv, T(0), dvs(s, r0), dvs.ld);
+    if (dv.has_value()) gemm<T>(false, rows, Dv, D, f, D, dSs, Dv, T(0), dvs(s, r0), dvs.ld);
     if (!dk.has_value()) return;
-    gemm<T>(false, true, rows, D, Dv, vs(s, r0), vs.ld, dSs, Dv, T(0), dks(s, r0), dks.ld);
-    const T* __restrict dzs = dzp + s * D;
+    gemm<T>(false, rows, D, Dv, vs(s, r0), vs.ld, dSts + s * D * Dv, D, T(0), dks(s, r0), dks.ld);
+    const T* __restrict dzs = dzt + s * D;
     for (int64_t r = 0; r < rows; ++r) {
       const T* __restrict fr = f + r * D;
       T* __restrict o = dks(s, r0 + r);
@@ -367,17 +541,17 @@ void key_value_grad_sweep(const at::Tensor& k, const at::Tensor& v, const at::Te
   });
 }
 
-// sweep<M, T>(args...) for the feature map number and x's dtype (float32, or float64 for gradcheck).
-#define VITZOO_DISPATCH(sweep, x, map, ...)                                                                 \
+// fn<M, T>(args...) for the feature map number and x's dtype (float32, or float64 for gradcheck).
+#define VITZOO_DISPATCH(fn, x, map, ...)                                                                 \
   [&] {                                                                                                     \
     TORCH_CHECK((x).scalar_type() == at::kFloat || (x).scalar_type() == at::kDouble,                        \
-                #sweep ": float32 or float64 tensors, got ", (x).scalar_type());                            \
+                #fn ": float32 or float64 tensors, got ", (x).scalar_type());                            \
     TORCH_CHECK((map) == kElu || (map) == kRelu || (map) == kIdentity,                                      \
-                #sweep ": unknown feature map number ", (map));                                             \
+                #fn ": unknown feature map number ", (map));                                             \
     const bool f32 = (x).scalar_type() == at::kFloat;                                                       \
-    if ((map) == kElu) return f32 ? sweep<kElu, float>(__VA_ARGS__) : sweep<kElu, double>(__VA_ARGS__);     \
-    if ((map) == kRelu) return f32 ? sweep<kRelu, float>(__VA_ARGS__) : sweep<kRelu, double>(__VA_ARGS__);  \
-    return f32 ? sweep<kIdentity, float>(__VA_ARGS__) : sweep<kIdentity, double>(__VA_ARGS__);              \
+    if ((map) == kElu) return f32 ? fn<kElu, float>(__VA_ARGS__) : fn<kElu, double>(__VA_ARGS__);           \
+    if ((map) == kRelu) return f32 ? fn<kRelu, float>(__VA_ARGS__) : fn<kRelu, double>(__VA_ARGS__);        \
+    return f32 ? fn<kIdentity, float>(__VA_ARGS__) : fn<kIdentity, double>(__VA_ARGS__);                    \
   }()
 
 }  // namespace
@@ -386,20 +560,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using at::Tensor;
   using OptTensor = c10::optional<at::Tensor>;
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
-  m.def("state_sweep", [](const Tensor& k, const Tensor& v, int64_t map, int64_t lo, int64_t hi, int64_t block) {
-    return VITZOO_DISPATCH(state_sweep, k, map, k, v, lo, hi, block);
-  }, nogil);
-  m.def("output_sweep", [](const Tensor& q, const Tensor& S, const Tensor& z, double eps, int64_t map,
-                           const Tensor& out, int64_t lo, int64_t hi, int64_t block) {
-    VITZOO_DISPATCH(output_sweep, q, map, q, S, z, eps, out, lo, hi, block);
-  }, nogil);
-  m.def("query_grad_sweep", [](const Tensor& q, const Tensor& dout, const Tensor& S, const Tensor& z, double eps,
-                               int64_t map, const OptTensor& dq, int64_t lo, int64_t hi, int64_t block) {
-    return VITZOO_DISPATCH(query_grad_sweep, q, map, q, dout, S, z, eps, dq, lo, hi, block);
-  }, nogil);
-  m.def("key_value_grad_sweep", [](const Tensor& k, const Tensor& v, const Tensor& dS, const Tensor& dz, int64_t map,
-                                   const OptTensor& dk, const OptTensor& dv, int64_t lo, int64_t hi, int64_t block) {
-    VITZOO_DISPATCH(key_value_grad_sweep, k, map, k, v, dS, dz, dk, dv, lo, hi, block);
+  m.def("forward", [](const Tensor& q, const Tensor& k, const Tensor& v, int64_t map, double eps, int64_t block,
+                      int64_t threads) { return VITZOO_DISPATCH(forward, q, map, q, k, v, eps, block, threads); },
+        nogil);
+  m.def("backward", [](const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& S,
+                       const Tensor& z, int64_t map, double eps, const OptTensor& dq, const OptTensor& dk,
+                       const OptTensor& dv, int64_t block, int64_t threads) {
+    VITZOO_DISPATCH(backward, q, map, dout, q, k, v, S, z, eps, dq, dk, dv, block, threads);
   }, nogil);
   m.def("has_blas", [] { return has_mkl(); });  // float32 products straight to MKL
 }
