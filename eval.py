@@ -4,6 +4,7 @@ mapping) -> clean accuracy, input corruptions, attention-logit noise and resolut
 from launch import check_paths, launch, refused_start_leaves_nothing  # first: names a missing train extra
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 
@@ -19,7 +20,9 @@ def main(cfg: DictConfig) -> None:
         if cfg.retain_freed_memory:
             retain_freed_memory()
         with user_errors():
-            evaluate_checkpoints(cfg)  # logs its results table and the paths of its files (console and eval.log)
+            # logs its results table and the paths of its files (console and eval.log); the command line's
+            # data.recipe / crop_pct / interpolation / mean / std win over each checkpoint's own
+            evaluate_checkpoints(cfg, HydraConfig.get().overrides.task)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from vitzoo.options import DEFAULT, FolderDataOptions, ImageDataOptions, TakesOp
 from .device_data import DeviceBatches, check_device_aug, decode_split, load_or_build_cache
 from .images import Images, read_rgb
 from .native import collate_native, native_transform
-from .recipes import build_recipe, recipe_aug
+from .recipes import build_recipe, eval_transform_fields, recipe_aug
 from .sampling import EpochSampler, RepeatAugEpochSampler, ResumableLoader, sample_seed
 from .transforms import seed_worker
 from .workers import resolve_num_workers
@@ -287,6 +287,11 @@ class ImageDataModule(TakesOptions, L.LightningDataModule):
             self.interpolation,
             self.pretrained_cfg,
         )
+
+    def eval_transform(self) -> Dict[str, Any]:
+        """What the val split's transform depends on besides size and statistics (the recipe, and the deit recipe's
+        crop as resolved against ``pretrained_cfg``): what a classifier trained on this data records for eval.py."""
+        return eval_transform_fields(self.recipe, self.img_size, self.crop_pct, self.interpolation, self.pretrained_cfg)
 
     def _check_batch_size(self, num_train: int) -> None:
         if num_train < self.batch_size:

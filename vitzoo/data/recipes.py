@@ -37,6 +37,7 @@ __all__ = [
     "recipe_defaults",
     "recipe_aug",
     "build_recipe",
+    "eval_transform_fields",
     "SeededTransform",
     "read_pil",
     "decode_pil",
@@ -188,18 +189,36 @@ def build_recipe(
         )
     train = create_transform(img_size, is_training=True, mean=tuple(mean), std=tuple(std), **options)
     _any_bits_posterize(train)
+    crop = eval_transform_fields(name, img_size, crop_pct, interpolation, pretrained_cfg)
+    del crop["recipe"]
+    evaluation = create_transform(img_size, mean=tuple(mean), std=tuple(std), **crop, is_training=False)
+    return Recipe(read_pil, decode_pil, SeededTransform(train), SeededTransform(evaluation))
+
+
+def eval_transform_fields(
+    name: str,
+    img_size: int,
+    crop_pct: Optional[float] = None,
+    interpolation: Optional[str] = None,
+    pretrained_cfg: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """What recipe ``name``'s eval transform depends on besides the size and statistics, as plain values (what a
+    checkpoint records): ``{"recipe": "cifar"}``, or the deit recipe's ``crop_pct``, ``interpolation`` and
+    ``crop_mode`` resolved as :func:`build_recipe` resolves them (the arguments, else ``pretrained_cfg``, else
+    timm's defaults)."""
+    check_recipe(name)
+    if name == "cifar":
+        return {"recipe": name}
     config = resolve_data_config(
-        dict(
-            input_size=(3, img_size, img_size),
-            mean=tuple(mean),
-            std=tuple(std),
-            crop_pct=crop_pct,
-            interpolation=interpolation,
-        ),
+        dict(input_size=(3, img_size, img_size), crop_pct=crop_pct, interpolation=interpolation),
         pretrained_cfg=dict(pretrained_cfg or {}),
     )
-    evaluation = create_transform(**config, is_training=False)
-    return Recipe(read_pil, decode_pil, SeededTransform(train), SeededTransform(evaluation))
+    return {
+        "recipe": name,
+        "crop_pct": float(config["crop_pct"]),
+        "interpolation": str(config["interpolation"]),
+        "crop_mode": str(config["crop_mode"]),
+    }
 
 
 def source_pretrained_cfg(init_from: Optional[str], model: torch.nn.Module) -> Mapping[str, Any]:

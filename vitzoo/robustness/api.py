@@ -3,6 +3,7 @@ over one or several models and returns a :class:`RobustnessResult`, which writes
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, fields
@@ -22,6 +23,7 @@ from vitzoo.utils import write_json
 from .adversarial import require_torchattacks
 from .closing import file_lines, results_table
 from .corruptions import CIFAR_MAX_SIDE
+from .inputs import Inputs, inputs_of
 from .plots import plot_results
 from .report import log_tensorboard, summarize, write_results
 from .source import released_files
@@ -94,18 +96,22 @@ class RobustnessResult:
         return file_lines(out, [out / "robustness.json", out / "robustness.csv", out / "metrics.json"], drawn, board)
 
 
-def _unit_loaders(data: Callable[..., Any], channels: int, max_images: Optional[int]) -> Callable[[int], Iterable]:
-    """``loader_at(size)``: the val split at ``size`` x ``size`` in [0, 1] (mean 0, std 1), cached per size.
+def _unit_loaders(
+    data: Callable[..., Any], channels: int, max_images: Optional[int]
+) -> Callable[[int, Inputs], Iterable]:
+    """``loader_at(size, inputs)``: the val split at ``size`` x ``size`` in [0, 1] (mean 0, std 1) through the
+    transform of ``inputs``, cached per size and transform.
 
     A split that fits ``MEMORY_BUDGET_BYTES`` once decoded is decoded once (by the data module's
     workers) and then served from memory: every pass of the sweep reads the same images, and
     re-decoding them per pass in worker processes competed with the forward passes for the CPU.
     """
-    cache: Dict[int, Iterable] = {}
+    cache: Dict[tuple, Iterable] = {}
 
-    def loader_at(size: int) -> Iterable:
-        if size not in cache:
-            dm = data(img_size=size, mean=[0.0] * channels, std=[1.0] * channels)
+    def loader_at(size: int, inputs: Inputs) -> Iterable:
+        key = (size, inputs.data_kwargs, inputs.pretrained_cfg)
+        if key not in cache:
+            dm = inputs.data_module(data, img_size=size, mean=[0.0] * channels, std=[1.0] * channels)
             dm.prepare_data()
             dm.setup("validate")
             dataset = dm.val_dataset
@@ -119,8 +125,8 @@ def _unit_loaders(data: Callable[..., Any], channels: int, max_images: Optional[
                 num_workers=dm.num_workers,
                 persistent_workers=dm.num_workers > 0 and not in_memory,
             )
-            cache[size] = list(loader) if in_memory else loader
-        return cache[size]
+            cache[key] = list(loader) if in_memory else loader
+        return cache[key]
 
     return loader_at
 
@@ -197,6 +203,7 @@ def evaluate(
     baseline: Optional[Union[str, int]] = None,
     device: Union[str, torch.device] = "cpu",
     out_dir: Optional[Union[str, os.PathLike]] = None,
+    transform: Optional[Mapping[str, Any]] = None,
     **options: Any,
 ) -> RobustnessResult:
     """Run one robustness sweep over ``models`` on ``data``'s val split.
@@ -209,6 +216,9 @@ def evaluate(
     ``adversarial``, ``attack``, ``seed``), ``source="files"`` with ``root`` (the released -C files),
     ``max_images``, and what :meth:`RobustnessResult.write` writes (``plots``, ``tensorboard``) and ``progress``.
     ``baseline`` (a label, or an index into ``models``) adds mCE against it.
+    Each checkpoint reads the val split through the eval transform it was trained with (its recipe and crop) and
+    its mean / std; ``transform`` (``recipe``, ``crop_pct``, ``interpolation``, ``mean``, ``std``) wins over
+    them for every model (:mod:`~vitzoo.robustness.inputs`); the first log line names what each reads.
     With ``out_dir`` the result also writes its files there (:meth:`RobustnessResult.write`).
     """
     opts = options_from(RobustnessOptions, "robustness", options)
@@ -222,7 +232,8 @@ def evaluate(
         baseline = labels[baseline]
     if baseline is not None and baseline not in labels:
         raise ValueError(f"baseline={baseline!r} is not one of the evaluated models {labels}; name one of them")
-    loaded = [item for _, _, item in entries]
+    inputs = [inputs_of(hp, transform or {}, data) for _, _, (_, hp) in entries]
+    loaded = [(m, {**hp, "mean": list(i.mean), "std": list(i.std)}) for (_, _, (m, hp)), i in zip(entries, inputs)]
     dm = data(img_size=loaded[0][1]["img_size"])
     for label, (_, hp) in zip(labels, loaded):
         if hp["num_classes"] != dm.num_classes:
@@ -260,11 +271,12 @@ def evaluate(
     name = _data_name(dm)
     passes = sweep_passes(sweep)
     log.info(
-        "evaluating %s on the %s: %d pass(es) each%s",
+        "evaluating %s on the %s: %d pass(es) each%s; inputs: %s",
         ", ".join(labels),
         name,
         len(passes),
         f", into {Path(out_dir).resolve()}" if out_dir is not None else "",
+        "; ".join(f"{label}: {i.note}" for label, i in zip(labels, inputs)),
     )
     if files is not None:
         log.info(
@@ -275,7 +287,7 @@ def evaluate(
         )
     records: List[dict] = []
     with Progress(opts.progress, len(labels) * len(passes)) as advance:
-        for label, (model, hp) in zip(labels, loaded):
+        for label, (model, hp), reads in zip(labels, loaded, inputs):
             model.to(where)
             for step in passes:
                 advance(f"{label}: {step}")
@@ -286,7 +298,7 @@ def evaluate(
                     hp["img_size"],
                     hp["mean"],
                     hp["std"],
-                    loader_at,
+                    functools.partial(loader_at, inputs=reads),
                     where,
                     files.loader if files is not None else None,
                 )

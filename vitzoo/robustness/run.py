@@ -9,7 +9,7 @@ import functools
 import logging
 import os
 from dataclasses import fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,9 +18,10 @@ from vitzoo.training import read_checkpoint, run_record
 from vitzoo.utils import instantiate_config
 
 from .api import evaluate
+from .inputs import FIELDS
 from .sweep import Sweep
 
-__all__ = ["evaluate_checkpoints", "checkpoint_entries"]
+__all__ = ["evaluate_checkpoints", "checkpoint_entries", "given_transform"]
 
 Entry = Tuple[Optional[str], str]  # (label or None, checkpoint path)
 log = logging.getLogger(__name__)
@@ -94,8 +95,17 @@ def _check_img_size(img_size: Optional[int], entries: List[Entry]) -> None:
         )
 
 
-def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
-    """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``."""
+def given_transform(data: DictConfig, overrides: Sequence[str]) -> Dict[str, Any]:
+    """The eval-transform fields of ``data`` (``data.recipe``, ``data.crop_pct``...) that ``overrides`` (the command
+    line's, as Hydra records them) set: these win over each checkpoint's own."""
+    named = {o.lstrip("+").partition("=")[0] for o in overrides}
+    values = OmegaConf.to_container(data, resolve=True)
+    return {k: values[k] for k in FIELDS if f"data.{k}" in named}
+
+
+def evaluate_checkpoints(cfg: DictConfig, overrides: Sequence[str] = ()) -> Dict[str, Any]:
+    """Run ``cfg.robustness`` on every checkpoint of ``cfg.ckpt_path`` over the val split of ``cfg.data``, each
+    through the eval transform it was trained with but for the fields ``overrides`` (the command line) set."""
     options = OmegaConf.to_container(cfg.robustness, resolve=True)
     baseline = options.pop("baseline")
     Sweep(**{f.name: options[f.name] for f in fields(SweepOptions)})  # its one-line errors before any checkpoint
@@ -104,7 +114,15 @@ def evaluate_checkpoints(cfg: DictConfig) -> Dict[str, Any]:
     for _, path in entries:
         _warn_if_trained_on_other_data(path, cfg.data)
     data = functools.partial(instantiate_config, cfg.data)
-    result = evaluate(entries, data, baseline=base_index, device=cfg.device, out_dir=cfg.paths.output_dir, **options)
+    result = evaluate(
+        entries,
+        data,
+        baseline=base_index,
+        device=cfg.device,
+        out_dir=cfg.paths.output_dir,
+        transform=given_transform(cfg.data, overrides),
+        **options,
+    )
     return {
         "summary": result.summary,
         "records": result.records,

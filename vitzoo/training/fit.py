@@ -83,6 +83,8 @@ def build_classifier_for(
         initialise(module, init_from)
     if isinstance(data, ImageDataModule):  # the deit recipe's eval crop follows the weights' pretrained_cfg
         data.pretrained_cfg = source_pretrained_cfg(init_from, module.model)
+        # the constructor's argument, known once the model is built; checkpoints carry it to eval.py
+        module.hparams["eval_transform"] = data.eval_transform()
     return module
 
 

@@ -53,7 +53,9 @@ class ImageClassifier(ExactResume):
 
     All constructor arguments are plain Python values and are saved as hyperparameters, so a
     checkpoint alone rebuilds the network (:func:`build_model`) and its input pipeline
-    (``img_size``, ``mean``, ``std``). The recipe arguments are the fields of
+    (``img_size``, ``mean``, ``std``, and ``eval_transform``: the data's eval transform as
+    :meth:`~vitzoo.data.ImageDataModule.eval_transform` gives it, which eval.py applies; None: not recorded).
+    The recipe arguments are the fields of
     :class:`~vitzoo.options.ClassifierOptions` (their defaults and meaning): ``optim`` an
     :class:`~vitzoo.options.OptimOptions` or a mapping of its fields, ``mixup`` likewise a
     :class:`~vitzoo.options.MixupOptions`. ``compile`` wraps the network in ``torch.compile`` in place (state-dict
@@ -75,6 +77,7 @@ class ImageClassifier(ExactResume):
         mixup: Union[MixupOptions, Mapping[str, Any], None] = None,
         compile: bool = ClassifierOptions.compile,
         channels_last: bool = ClassifierOptions.channels_last,
+        eval_transform: Optional[Mapping[str, Any]] = None,
     ):
         super().__init__()
         recipe = options_from(
