@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union, cast
@@ -24,6 +25,7 @@ from timm.models import clean_state_dict, get_pretrained_cfg
 from timm.models.vision_transformer import VisionTransformer
 
 from vitzoo.attention import SoftmaxAttention, resolve_attention
+from .hub_probe import offline_unless_reachable
 from .local_dir import WEIGHTS_NAME, check_export
 from .pretrained_eva import EVA_HINT, eva_differences, eva_layout, eva_rope, is_eva, rotates_halves
 from .registry import short_name, timm_name
@@ -115,7 +117,7 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
     """Download as ``timm.create_model(name, pretrained=True)`` does (hub cache included) and keep its model."""
     name = source[len("timm:") :]
     try:
-        get_pretrained_cfg(name, allow_unregistered=False)
+        cfg = get_pretrained_cfg(name, allow_unregistered=False)
     except RuntimeError as err:
         raise ValueError(
             f"init_from={source!r}: {err} List the weights timm has with timm.list_pretrained('vit_*')"
@@ -137,9 +139,10 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
     if before_download is not None:
         before_download(_timm_weights(source, layout))
     try:
-        model = timm.create_model(name, pretrained=True)
+        with offline_unless_reachable() if cfg is not None and cfg.hf_hub_id else nullcontext() as unreachable:
+            model = timm.create_model(name, pretrained=True)
     except OSError as err:  # no network, hub error, nothing cached (huggingface_hub's and urllib's errors are OSErrors)
-        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        reason = unreachable or (str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__)
         raise ValueError(
             f"init_from={source!r}: the weights could not be downloaded ({reason}); offline, pass a "
             f"local file instead: save timm.create_model('{name}', pretrained=True).state_dict() where "
