@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from litdata.utilities.env import _DistributedEnv
 
 from conftest import compose_config
+from vitzoo.data import shards
 from vitzoo.data.pack import main as pack_main, pack
 from vitzoo.data.shards import ShardsDataModule
 from vitzoo.training import read_checkpoint, train
@@ -157,12 +159,27 @@ def test_a_run_resumed_mid_epoch_from_shards_equals_the_uninterrupted_one(packed
     assert all(torch.equal(final["state_dict"][k], v) for k, v in expected["state_dict"].items())
 
 
-def test_the_imagenet_recipe_composes_with_shards_and_says_what_it_cannot_apply(packed, tmp_path, caplog):
+def test_the_imagenet_recipe_composes_with_shards_and_says_once_what_it_cannot_apply(
+    packed, tmp_path, caplog, monkeypatch
+):
+    """One warning per process (a second data module, another rank: none), naming the setting that drops it."""
+    monkeypatch.setattr(shards, "_WARNED", set())
     cfg = compose_config(tmp_path, ["experiment=imagenet_deit", "data=shards", f"data.root={packed / 'shards'}"])
     with caplog.at_level("WARNING"):
         dm = instantiate(cfg.data)
+        instantiate(cfg.data)
     assert isinstance(dm, ShardsDataModule) and dm.recipe == "deit" and dm.num_classes == 3
-    assert "data.repeated_aug=3 is not applied by data=shards" in caplog.text
+    said = [r.getMessage() for r in caplog.records if "repeated_aug" in r.getMessage()]
+    assert said == [
+        "data.repeated_aug=3 is not applied by data=shards (litdata draws each image once per epoch): set "
+        "data.repeated_aug=1 to run without this warning, or use data=imagefolder for repeated augmentation"
+    ]
+    caplog.clear()
+    monkeypatch.setattr(shards, "_WARNED", set())
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    with caplog.at_level("WARNING"):
+        instantiate(cfg.data)
+    assert "repeated_aug" not in caplog.text
 
 
 def test_loader_benchmark_times_both_paths_and_compares_sizes(tmp_path, capsys):

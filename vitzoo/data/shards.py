@@ -14,9 +14,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from litdata import StreamingDataLoader, StreamingDataset
 
 from vitzoo.options import ShardsDataOptions
@@ -29,6 +30,7 @@ from .sampling import sample_seed
 __all__ = ["ShardsDataModule", "ShardDataset", "ShardLoader"]
 
 log = logging.getLogger(__name__)
+_WARNED: Set[int] = set()  # the data.repeated_aug values this process has warned about
 
 
 class ShardDataset(StreamingDataset):
@@ -54,6 +56,19 @@ class ShardLoader(StreamingDataLoader):
     def mid_epoch(self) -> bool:
         """Whether the epoch being drawn has begun and has batches left."""
         return 0 < self.state_dict()["num_samples_yielded"] < len(self) * self.batch_size
+
+
+@rank_zero_only
+def _warn_unapplied_repeats(repeated_aug: int) -> None:
+    """Once per process, and on the first rank only: ``repeated_aug`` > 1 is not what data=shards runs."""
+    if repeated_aug in _WARNED:
+        return
+    _WARNED.add(repeated_aug)
+    log.warning(
+        "data.repeated_aug=%d is not applied by data=shards (litdata draws each image once per epoch): set "
+        "data.repeated_aug=1 to run without this warning, or use data=imagefolder for repeated augmentation",
+        repeated_aug,
+    )
 
 
 class ShardsDataModule(ImageDataModule):
@@ -86,11 +101,7 @@ class ShardsDataModule(ImageDataModule):
         self.root, self.cache_dir = str(root).rstrip("/"), cache_dir
         self.num_classes = num_classes or self._packed_classes()
         if self.repeated_aug > 1:
-            log.warning(
-                "data.repeated_aug=%d is not applied by data=shards (litdata draws each image once per "
-                "epoch); use data=imagefolder for repeated augmentation",
-                self.repeated_aug,
-            )
+            _warn_unapplied_repeats(self.repeated_aug)
 
     def _packed_classes(self) -> int:
         meta = Path(os.path.expanduser(self.root)) / META_NAME
