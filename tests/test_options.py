@@ -137,6 +137,25 @@ def test_a_segmentation_data_module_built_in_python_equals_the_one_its_config_bu
     assert _plain(dict(spelled.hparams)) == _plain(dict(plain.hparams))
 
 
+def test_default_through_a_subclass_kwargs_is_resolved_once_in_the_base(tmp_path):
+    """A TakesOptions subclass that passes its **kwargs on as they came (DEFAULT among them) needs no handling of its
+    own: the base's hyperparameter saving records every argument at its value, for checkpoints and loggers alike."""
+    from vitzoo.segmentation import SegmentationDataModule
+
+    class Passing(SegmentationDataModule):
+        def __init__(self, root, extra: int = 3, **kwargs):
+            super().__init__(root, **kwargs)
+
+    dm = Passing(str(tmp_path), num_classes=2, batch_size=DEFAULT, seed=DEFAULT)
+    for saved in (dm.hparams, dm.hparams_initial):
+        assert DEFAULT not in saved.values(), saved
+        assert (saved["batch_size"], saved["seed"], saved["extra"]) == (
+            SegmentationDataModule.options.batch_size,
+            SegmentationDataModule.options.seed,
+            3,
+        )
+
+
 def test_a_data_module_takes_the_arguments_given_and_fresh_defaults():
     from vitzoo.data import DigitsDataModule, SyntheticDataModule
 

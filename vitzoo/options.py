@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, ClassVar, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Type, cast
 
 __all__ = [
     "OptimOptions",
@@ -81,6 +81,22 @@ class TakesOptions:
         the one rule by which these classes fill their options."""
         defaults = cls.defaults()
         return {name: defaults[name] if value is DEFAULT else value for name, value in arguments.items()}
+
+    def save_options(self) -> None:
+        """Lightning's ``save_hyperparameters`` for the calling ``__init__`` of a Lightning subclass: the arguments of
+        every constructor up the subclass chain (``**kwargs`` included), each left out (``DEFAULT``) at its value in
+        :meth:`defaults`; the one place a ``DEFAULT`` among them is resolved for the record."""
+        import inspect
+
+        from lightning.pytorch.core.mixins import HyperparametersMixin
+        from lightning.pytorch.utilities.parsing import collect_init_args
+
+        frame = inspect.currentframe()
+        arguments: Dict[str, Any] = {}
+        if frame is not None and frame.f_back is not None:
+            for local in collect_init_args(frame.f_back, [], classes=(HyperparametersMixin,)):
+                arguments.update(local)
+        cast(Any, self).save_hyperparameters(type(self).resolve(**arguments))
 
 
 def is_count(value: Any, minimum: int = 1) -> bool:

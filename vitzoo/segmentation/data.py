@@ -140,7 +140,7 @@ class SegmentationDataModule(TakesOptions, L.LightningDataModule):
             seed=seed,
         ).values()
         super().__init__()
-        self.save_hyperparameters()  # the resolved values (the arguments' current values), as checkpoints keep them
+        self.save_options()  # the resolved values, a subclass's **kwargs included, as checkpoints keep them
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction={val_fraction} must lie in (0, 1)")
         if int(repeats) < 1:

@@ -81,8 +81,6 @@ class ShapesDataModule(SegmentationDataModule):
         seed: int = DEFAULT,
         **kwargs,
     ):
-        # resolved here, not only in the base: the base's save_hyperparameters reads these arguments (and kwargs) too
-        kwargs = {name: value for name, value in kwargs.items() if value is not DEFAULT}
         num_images, num_classes, class_names, img_size, seed = self.resolve(
             num_images=num_images, num_classes=num_classes, class_names=class_names, img_size=img_size, seed=seed
         ).values()
