@@ -46,16 +46,11 @@ def unit_loader(img_size: int, max_images=None, batch_size=90):
 
 def sweep_pass(model, hp, step, sweep=Sweep(), loaders=None):
     loaders = loaders if loaders is not None else {}
-    return run_pass(
-        model,
-        step,
-        sweep,
-        hp["img_size"],
-        hp["mean"],
-        hp["std"],
-        lambda s: loaders.setdefault(s, unit_loader(s)),
-        torch.device("cpu"),
-    )
+
+    def loader_at(size):
+        return loaders.setdefault(size, unit_loader(size))
+
+    return run_pass(model, step, sweep, hp["img_size"], hp["mean"], hp["std"], loader_at, torch.device("cpu"))
 
 
 # -- the sweep ----------------------------------------------------------------------------------

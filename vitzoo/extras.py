@@ -10,18 +10,10 @@ from vitzoo.errors import MissingDependency
 __all__ = ["EXTRAS", "install_hint", "missing", "require_extra", "extra_error"]
 
 # the modules of each extra that its parts import at load time (pyproject.toml's optional-dependencies)
+_TRAIN = ("lightning", "torchmetrics", "hydra", "omegaconf", "albumentations", "cv2", "sklearn")
 EXTRAS = {
-    "train": ("lightning", "torchmetrics", "hydra", "omegaconf", "albumentations", "cv2", "sklearn"),
-    "seg": (
-        "lightning",
-        "torchmetrics",
-        "hydra",
-        "omegaconf",
-        "albumentations",
-        "cv2",
-        "sklearn",
-        "segmentation_models_pytorch",
-    ),
+    "train": _TRAIN,
+    "seg": (*_TRAIN, "segmentation_models_pytorch"),
     "onnx": ("onnx", "onnxscript"),
 }
 
