@@ -26,6 +26,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -242,11 +243,17 @@ struct Rows {
   T* operator()(int64_t s, int64_t r) const { return data + (s / heads) * sb + (s % heads) * sh + r * ld; }
 };
 
-// Per-thread scratch of a phase: (block x width) buffers, reused from block to block.
+// Per-thread scratch of a phase: (block x width) buffers, reused from block to block (uninitialised: every row is
+// written before it is read).
 template <typename T>
 struct Scratch {
-  std::vector<T> f, p, a, den;
-  explicit Scratch(int64_t block, int64_t width) : f(block * width), p(block * width), a(block * width), den(block) {}
+  std::unique_ptr<T[]> f_, p_, a_, den_;
+  explicit Scratch(int64_t block, int64_t width)
+      : f_(new T[block * width]), p_(new T[block * width]), a_(new T[block * width]), den_(new T[block]) {}
+  T* f() const { return f_.get(); }
+  T* p() const { return p_.get(); }
+  T* a() const { return a_.get(); }
+  T* den() const { return den_.get(); }
 };
 
 // One thread's MKL kept to a single thread while it lives (a thread's products must not fan out).
@@ -258,8 +265,9 @@ struct SingleThreadedMkl {
 };
 
 // The kernel's worker threads: run(n, job) calls job(0) on the caller and job(1..n-1) on workers, and returns when
-// all are done (rethrowing a worker's exception). Process-wide, never destroyed (its threads wait for work until the
-// process exits); a child of fork starts without one (threads do not survive fork).
+// all are done (rethrowing a worker's exception). Workers sleep between jobs (spinning costs more than a futex wake
+// on a shared 2-core machine). Process-wide, never destroyed (its threads wait for work until the process exits); a
+// child of fork starts without one (threads do not survive fork).
 class Pool {
  public:
   static Pool& get() {
@@ -279,9 +287,9 @@ class Pool {
       }
       job_ = &job;
       active_ = n;
-      remaining_ = n - 1;
       error_ = nullptr;
-      ++generation_;
+      remaining_.store(n - 1);
+      generation_.fetch_add(1);
     }
     wake_.notify_all();
     std::exception_ptr error;
@@ -291,7 +299,7 @@ class Pool {
       error = std::current_exception();
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return remaining_ == 0; });
+    done_.wait(lock, [&] { return remaining_.load() == 0; });
     if (error == nullptr) error = error_;
     if (error != nullptr) std::rethrow_exception(error);
   }
@@ -309,22 +317,25 @@ class Pool {
   void serve(int64_t index) {
     if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(1);
     uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (index >= active_) continue;
-      const auto* job = job_;
-      lock.unlock();
-      std::exception_ptr error;
+      const std::function<void(int64_t)>* job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+        seen = generation_.load();
+        job = index < active_ ? job_ : nullptr;
+      }
+      if (job == nullptr) continue;
       try {
         (*job)(index);
       } catch (...) {
-        error = std::current_exception();
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (error_ == nullptr) error_ = std::current_exception();
       }
-      lock.lock();
-      if (error != nullptr && error_ == nullptr) error_ = error;
-      if (--remaining_ == 0) done_.notify_one();
+      if (remaining_.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_.notify_one();
+      }
     }
   }
 
@@ -332,36 +343,43 @@ class Pool {
   std::condition_variable wake_, done_;
   const std::function<void(int64_t)>* job_ = nullptr;
   std::exception_ptr error_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> remaining_{0};
   size_t workers_ = 0;
-  int64_t active_ = 0, remaining_ = 0;
+  int64_t active_ = 0;
 };
 
 constexpr int64_t kOmpSlicesPerThread = 8;  // this many (batch, head) slices per thread: ATen's OpenMP threads
+constexpr int64_t kUnitTokens = 1024;       // with few slices, units of >= this many tokens, up to 4 per thread
 
-// The units of a phase: each slice's tokens [0, n) cut into `parts` near-equal ranges (one per thread with few
-// slices, else whole slices), unit u = (slice u / parts, part u % parts); `threads` threads take near-equal runs of
-// consecutive units.
+// The units of a phase: each slice's tokens [0, n) cut into `parts` near-equal ranges (with few slices, 1-4 per
+// thread; else whole slices), unit u = (slice u / parts, part u % parts). `threads` threads claim units one at a time
+// (a thread slowed by a busy core takes fewer); a unit's partial sums go to its own slot, so the result does not
+// depend on which thread ran it.
 struct Units {
   int64_t slices, parts, n, threads;
   Units(int64_t slices, int64_t n, int64_t threads)
       : slices(slices),
-        parts(threads > 1 && slices < kOmpSlicesPerThread * threads ? threads : 1),
+        parts(threads > 1 && slices < kOmpSlicesPerThread * threads
+                  ? std::clamp<int64_t>(n / kUnitTokens, threads, 4 * threads)
+                  : 1),
         n(n),
         threads(std::max<int64_t>(1, std::min(threads, slices * parts))) {}
   int64_t lo(int64_t part) const { return n * part / parts; }
 
-  // body(s, part, r0, rows, scratch) for each block of at most `block` rows of every unit.
-  template <typename T, typename Body>
-  void run(int64_t block, int64_t width, const Body& body) const {
+  // body(s, part, r0, rows, scratch) for each block of at most `block` rows of every unit; start(s, part) first.
+  template <typename T, typename Start, typename Body>
+  void run(int64_t block, int64_t width, const Start& start, const Body& body) const {
     TORCH_CHECK(block > 0, "block must be a positive number of rows, got ", block);
-    if (n == 0 || slices == 0) return;
+    if (slices == 0) return;
     const int64_t units = slices * parts;
-    auto walk = [&](int64_t t) {
+    std::atomic<int64_t> next{0};
+    auto walk = [&](int64_t) {
       Scratch<T> buf(std::min(block, n / parts + 1), width);
       const SingleThreadedMkl single;
-      for (int64_t u = units * t / threads; u < units * (t + 1) / threads; ++u) {
+      for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
         const int64_t s = u / parts, part = u % parts, hi = lo(part + 1);
+        start(s, part);
         for (int64_t r0 = lo(part); r0 < hi; r0 += block) body(s, part, r0, std::min(block, hi - r0), buf);
       }
     };
@@ -374,6 +392,34 @@ struct Units {
     } else {
       Pool::get().run(threads, walk);
     }
+  }
+  template <typename T, typename Body>
+  void run(int64_t block, int64_t width, const Body& body) const {
+    run<T>(block, width, [](int64_t, int64_t) {}, body);
+  }
+};
+
+// Per-unit partial sums, (parts, BH, width) slots: each zeroed by its unit (start), added in part order by total().
+template <typename T>
+struct Partial {
+  at::Tensor data;
+  T* ptr;
+  int64_t slices, width;
+  Partial(const Units& units, int64_t width, const at::TensorOptions& options)
+      : data(at::empty({units.parts, units.slices, width}, options)),
+        ptr(data.data_ptr<T>()),
+        slices(units.slices),
+        width(width) {}
+  T* slot(int64_t s, int64_t part) const { return ptr + (part * slices + s) * width; }
+  void zero(int64_t s, int64_t part) const { std::fill_n(slot(s, part), width, T(0)); }
+  at::Tensor total() const {  // into part 0, in place (no OpenMP region: the pool's callers may be fork children)
+    const int64_t size = slices * width;
+    for (int64_t part = 1; part < data.size(0); ++part) {
+      const T* __restrict src = ptr + part * size;
+#pragma omp simd
+      for (int64_t i = 0; i < size; ++i) ptr[i] += src[i];
+    }
+    return data[0];
   }
 };
 
@@ -453,8 +499,18 @@ void advise_huge_pages(const at::Tensor& t) {
 #endif
 }
 
-// Per-part sums (parts, BH, ...) added in part order.
-inline at::Tensor total(const at::Tensor& parts) { return parts.size(0) == 1 ? parts[0] : parts.sum(0); }
+// x (BH, D, Dv) as a contiguous (BH, Dv, D) (a loop: no OpenMP region in the pool's calls).
+template <typename T>
+at::Tensor transposed(const at::Tensor& x) {
+  const int64_t BH = x.size(0), D = x.size(1), Dv = x.size(2);
+  auto out = at::empty({BH, Dv, D}, x.options());
+  const T* src = x.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  for (int64_t s = 0; s < BH; ++s)
+    for (int64_t i = 0; i < D; ++i)
+      for (int64_t j = 0; j < Dv; ++j) dst[(s * Dv + j) * D + i] = src[(s * D + i) * Dv + j];
+  return out;
+}
 
 // (out, S, z): S = sum phi(k)^T v (BH, D, Dv), z = sum phi(k) (BH, D) over the keys, then
 // out = (phi(q) / (phi(q).z + eps)) S (B, H, Nq, Dv).
@@ -465,22 +521,23 @@ std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const 
   const Rows<T> qs(q), ks(k), vs(v);
   const int64_t BH = slices_of(q), D = ks.width, Dv = vs.width;
   const Units keys(BH, k.size(2), threads);
-  auto S_parts = at::zeros({keys.parts, BH, D, Dv}, k.options());
-  auto z_parts = at::zeros({keys.parts, BH, D}, k.options());
-  T *Sp = S_parts.data_ptr<T>(), *zp = z_parts.data_ptr<T>();
-  keys.run<T>(block, D, [&](int64_t s, int64_t part, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    const int64_t slot = part * BH + s;
-    features<M>(ks, s, r0, rows, buf.f.data(), zp + slot * D);
-    gemm<T>(true, D, Dv, rows, buf.f.data(), D, vs(s, r0), vs.ld, T(1), Sp + slot * D * Dv, Dv);
+  const Partial<T> S_parts(keys, D * Dv, k.options()), z_parts(keys, D, k.options());
+  const auto zero = [&](int64_t s, int64_t part) {
+    S_parts.zero(s, part);
+    z_parts.zero(s, part);
+  };
+  keys.run<T>(block, D, zero, [&](int64_t s, int64_t part, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    features<M>(ks, s, r0, rows, buf.f(), z_parts.slot(s, part));
+    gemm<T>(true, D, Dv, rows, buf.f(), D, vs(s, r0), vs.ld, T(1), S_parts.slot(s, part), Dv);
   });
-  const auto S = total(S_parts), z = total(z_parts);
+  const at::Tensor S = S_parts.total().view({BH, D, Dv}), z = z_parts.total();
   auto out = at::empty({q.size(0), q.size(1), q.size(2), Dv}, v.options());
   advise_huge_pages(out);
   const Rows<T> os(out);
   const T *St = S.data_ptr<T>(), *zt = z.data_ptr<T>();
   Units(BH, q.size(2), threads).run<T>(block, D, [&](int64_t s, int64_t, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    scaled_features<M>(qs, s, r0, rows, zt + s * D, T(eps), buf.f.data(), buf.den.data());
-    gemm<T>(false, rows, Dv, D, buf.f.data(), D, St + s * D * Dv, Dv, T(0), os(s, r0), os.ld);
+    scaled_features<M>(qs, s, r0, rows, zt + s * D, T(eps), buf.f(), buf.den());
+    gemm<T>(false, rows, Dv, D, buf.f(), D, St + s * D * Dv, Dv, T(0), os(s, r0), os.ld);
   });
   return {out, S, z};
 }
@@ -508,21 +565,23 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
   const bool state_grads = dk.has_value() || dv.has_value();
   if (!dq.has_value() && !state_grads) return;
   const Units queries(BH, q.size(2), threads);
-  auto dS_parts = at::zeros({state_grads ? queries.parts : 0, BH, D, Dv}, q.options());
-  auto dz_parts = at::zeros({state_grads ? queries.parts : 0, BH, D}, q.options());
-  const auto S_t = S.transpose(1, 2).contiguous();  // the products read B's rows: S^T's, dS^T's
+  const Partial<T> dS_parts(queries, state_grads ? D * Dv : 0, q.options()), dz_parts(queries, state_grads ? D : 0,
+                                                                                        q.options());
+  const at::Tensor S_t = transposed<T>(S);  // the products read B's rows: S^T's, dS^T's
   const T *Stp = S_t.data_ptr<T>(), *zp = z.data_ptr<T>();
-  T *dSp = dS_parts.data_ptr<T>(), *dzp = dz_parts.data_ptr<T>();
-  queries.run<T>(block, D, [&](int64_t s, int64_t part, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    T *f = buf.f.data(), *p = buf.p.data(), *inv = buf.den.data();
+  const auto zero = [&](int64_t s, int64_t part) {
+    dS_parts.zero(s, part);
+    dz_parts.zero(s, part);
+  };
+  queries.run<T>(block, D, zero, [&](int64_t s, int64_t part, int64_t r0, int64_t rows, Scratch<T>& buf) {
+    T *f = buf.f(), *p = buf.p(), *inv = buf.den();
     const T* __restrict zs = zp + s * D;
     scaled_features<M>(qs, s, r0, rows, zs, T(eps), f, inv, dq.has_value() ? p : nullptr);
-    T* a = dq.has_value() ? dqs(s, r0) : buf.a.data();  // a = dO S^T, turned into dq in place
+    T* a = dq.has_value() ? dqs(s, r0) : buf.a();  // a = dO S^T, turned into dq in place
     const int64_t lda = dq.has_value() ? dqs.ld : D;
     gemm<T>(false, rows, D, Dv, dos(s, r0), dos.ld, Stp + s * D * Dv, D, T(0), a, lda);
-    const int64_t slot = part * BH + s;
-    if (state_grads) gemm<T>(true, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dSp + slot * D * Dv, Dv);
-    T* __restrict dzs = state_grads ? dzp + slot * D : nullptr;
+    if (state_grads) gemm<T>(true, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dS_parts.slot(s, part), Dv);
+    T* __restrict dzs = dz_parts.slot(s, part);
     for (int64_t r = 0; r < rows; ++r) {
       const T* __restrict fr = f + r * D;
       T* __restrict ar = a + r * lda;
@@ -539,10 +598,10 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     }
   });
   if (!state_grads) return;
-  const auto dS = total(dS_parts), dz = total(dz_parts), dS_t = dS.transpose(1, 2).contiguous();
+  const at::Tensor dS = dS_parts.total().view({BH, D, Dv}), dz = dz_parts.total(), dS_t = transposed<T>(dS);
   const T *dSt = dS.data_ptr<T>(), *dSts = dS_t.data_ptr<T>(), *dzt = dz.data_ptr<T>();
   Units(BH, k.size(2), threads).run<T>(block, D, [&](int64_t s, int64_t, int64_t r0, int64_t rows, Scratch<T>& buf) {
-    T* f = buf.f.data();
+    T* f = buf.f();
     const T* dSs = dSt + s * D * Dv;
     features<M>(ks, s, r0, rows, f);
     if (dv.has_value()) gemm<T>(false, rows, Dv, D, f, D, dSs, Dv, T(0), dvs(s, r0), dvs.ld);
