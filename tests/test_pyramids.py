@@ -12,20 +12,15 @@ import torch.nn.functional as F
 
 import vitzoo
 from conftest import CONFIGS
+from pyramid_checks import SMALL, small_pyramid
 from vitzoo.attention import ZooAttention, build_attention, resolve_attention
 from vitzoo.models.releases import RELEASES
 
-# Small shapes of each family (the layout kept: four stages, heads per stage, SR ratios, windows)
-SMALL = {
-    "pvt_tiny": dict(embed_dims=(16, 32, 48, 64), num_heads=(1, 2, 3, 4), mlp_ratios=(2, 2, 2, 2), num_classes=5),
-    "pvt_v2_b0": dict(embed_dims=(16, 32, 48, 64), num_heads=(1, 2, 3, 4), num_classes=5),
-    "swin_tiny": dict(embed_dim=16, num_heads=(1, 2, 2, 4), window_size=4, num_classes=5),
-}
 TIMM_TWIN = {"pvt_v2_b0": "pvt_v2_b0", "swin_tiny": "swin_tiny_patch4_window7_224"}
 
 
 def small(arch, **kwargs):
-    return vitzoo.create_model(arch, img_size=64, **{**SMALL[arch], **kwargs})
+    return small_pyramid(arch, **kwargs)
 
 
 def layers(model):

@@ -340,8 +340,7 @@ class ZooAttention(nn.Module):
     def project(self, x: torch.Tensor):
         """q, k, v as (B, H, N, D) (None for projections the mechanism does not use); with a spatial reduction, k and v
         (B, H, n', D) of the reduced grid."""
-        reduced = None if self.sr is None else self.sr(x, self.current_grid(x.shape[1]), self.num_prefix_tokens)
-        outs = self.in_proj(x, reduced)
+        outs = self.in_proj(x, None if self.sr is None else reduce_keys(self, x))
         out = {name: outs[i] for i, name in enumerate(self.projections)}
         q, k = out.get("q"), out.get("k")
         if q is not None:
@@ -384,7 +383,7 @@ def gate_heads(out: torch.Tensor, logits: torch.Tensor, num_heads: int) -> torch
     return (out.unflatten(-1, (num_heads, -1)) * gate).flatten(-2)
 
 
-# Under torch.fx (torchvision's feature extractor, timm's FX features) the two functions below are leaves: the
+# Under torch.fx (torchvision's feature extractor, timm's FX features) the functions below are leaves: the
 # graph calls them on real tensors at run time, so each input's patch grid reaches the grid- and shape-dependent
 # mixing, and tracing never stores a Proxy on the model.
 @torch.fx.wrap
@@ -418,6 +417,13 @@ def attend(
     elif layer.attention_probe is not None:  # with spatial reduction: rows over the reduced keys
         layer.attention_probe(layer, lambda index: layer.probs(x, q, k, attn_mask, is_causal, index), x.shape[1])
     return out
+
+
+@torch.fx.wrap
+def reduce_keys(layer: ZooAttention, x: torch.Tensor) -> torch.Tensor:
+    """The key / value input of ``layer`` with spatial reduction: x (B, N, C) on the layer's grid, reduced."""
+    assert layer.sr is not None
+    return layer.sr(x, layer.current_grid(x.shape[1]), layer.num_prefix_tokens)
 
 
 @torch.fx.wrap

@@ -30,10 +30,10 @@ class GridDepthwiseConv(nn.Conv2d):
     ) -> torch.Tensor:
         B, H, N, D = v.shape
         v = mask_keys(v, key_mask)
-        out = self(v[:, :, num_prefix:].transpose(-2, -1).reshape(B, H * D, *grid))
-        return torch.cat(
-            [v.new_zeros(B, H, num_prefix, D), out.reshape(B, H, D, N - num_prefix).transpose(-2, -1)], dim=2
-        )
+        # -1 for the batch: a batch of windows (B * windows) stays dynamic in the TorchScript ONNX exporter
+        out = self(v[:, :, num_prefix:].transpose(-2, -1).reshape(-1, H * D, *grid))
+        out = out.reshape(-1, H, D, N - num_prefix).transpose(-2, -1)
+        return torch.cat([v.new_zeros(B, H, num_prefix, D), out], dim=2) if num_prefix else out
 
 
 def grid_conv(mechanism: str, channels: int, kernel_size: int, **kwargs) -> Optional[GridDepthwiseConv]:

@@ -1,4 +1,4 @@
-"""Spatial reduction of the keys and values (PVT's SRA, docs/mechanisms.md section 26).
+"""Spatial reduction of the keys and values (PVT's SRA, docs/mechanisms.md section 24).
 
 The key/value input is laid back on the patch grid and shrunk before its projections: by a stride-``sr_ratio`` conv
 and a LayerNorm (PVT v1, PVTv2), or by an average pool to ``sr_pool`` x ``sr_pool``, a 1x1 conv, a LayerNorm and GELU

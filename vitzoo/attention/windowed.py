@@ -1,4 +1,4 @@
-"""Any mechanism inside (shifted) windows: Swin's partition around its ``mix`` (docs/mechanisms.md section 27).
+"""Any mechanism inside (shifted) windows: Swin's partition around its ``mix`` (docs/mechanisms.md section 25).
 
 The grid is cut into ``window`` x ``window`` windows (clipped to the grid per axis); on a shifted layer (every second
 block) the borders move by window // 2, the partition Swin reaches with its cyclic shift and mask. Each window is
@@ -75,8 +75,8 @@ def layer_windows(layer: Any, num_tokens: int) -> Windows:
 
 def _to_windows(t: torch.Tensor, layout: Windows) -> torch.Tensor:
     """(B, H, N, D) -> (B * windows, H, L, D)."""
-    w = layout.partition(t)  # (B, H, nw, L, D)
-    return w.transpose(1, 2).flatten(0, 1)
+    w = layout.partition(t).transpose(1, 2)  # (B, nw, H, L, D)
+    return w.reshape(-1, *w.shape[2:])  # -1: the batch of windows stays dynamic in the TorchScript ONNX exporter
 
 
 def windowed_mix(
@@ -94,7 +94,7 @@ def windowed_mix(
         return layer.mix(x, q, k, v, None, False, logit_noise)
     keep = layout.partition(torch.ones(N, 1, dtype=torch.bool, device=v.device)).squeeze(-1)  # (nw, L)
     mask = None
-    if not bool(keep.all()):
+    if any(layout.pad):  # border windows hold padding (known from the shapes: no data-dependent branch)
         if layer.no_mask is not None:
             raise ValueError(
                 f"{type(layer).__name__} in windows of {layer.window}: the {layout.grid[0]}x{layout.grid[1]} grid "
@@ -103,7 +103,7 @@ def windowed_mix(
             )
         mask = keep.repeat(B, 1)[:, None, None, :]  # (B * nw, 1, 1, L)
     windows = keep.shape[0]
-    xw = layout.partition(x.unsqueeze(1)).squeeze(1).flatten(0, 1)  # (B * nw, L, C)
+    xw = _to_windows(x.unsqueeze(1), layout).squeeze(1)  # (B * nw, L, C)
     qw, kw = (None if t is None else _to_windows(t, layout) for t in (q, k))
     grid, layer.token_grid = layer.token_grid, layout.size
     try:
@@ -130,9 +130,9 @@ def windowed_probs(
     if layout.size == layout.grid:
         return layer.probs(x, q, k, None, False, query_index)
     where = layout.partition(torch.arange(1, N + 1, device=x.device)[:, None]).squeeze(-1) - 1  # -1: padding
-    mask = None if bool((where >= 0).all()) else (where >= 0).repeat(B, 1)[:, None, None, :]
+    mask = (where >= 0).repeat(B, 1)[:, None, None, :] if any(layout.pad) else None
     windows, L = where.shape
-    xw = layout.partition(x.unsqueeze(1)).squeeze(1).flatten(0, 1)
+    xw = _to_windows(x.unsqueeze(1), layout).squeeze(1)
     grid, layer.token_grid = layer.token_grid, layout.size
     try:
         qw, kw = (None if t is None else _to_windows(t, layout) for t in (q, k))

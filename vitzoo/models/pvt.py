@@ -132,9 +132,7 @@ class PyramidVisionTransformer(nn.Module):
         return Layout(layer.num_prefix_tokens, *layer.grid_size)
 
     def _pos_embed(self, stage: int, grid: Tuple[int, int]) -> torch.Tensor:
-        built = self._built(stage)
-        table = getattr(self, f"pos_embed{stage + 1}")
-        return resample_tokens(table, 1, built, Layout(built.prefix, grid[0], grid[1]))
+        return position_table(getattr(self, f"pos_embed{stage + 1}"), self._built(stage), grid)
 
     def _stage(self, x: torch.Tensor, s: int) -> Tuple[torch.Tensor, Tuple[int, int]]:
         """Stage ``s`` on an NCHW map (or the image): its tokens (B, P + h*w, C) and grid."""
@@ -213,6 +211,13 @@ class PyramidVisionTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
         return {f"pos_embed{s + 1}" for s in range(self.num_stages)} | {"cls_token"}
+
+
+@torch.fx.wrap
+def position_table(table: torch.Tensor, built: Layout, grid: Tuple[int, int]) -> torch.Tensor:
+    """A stage's position table (1, P + h*w, C) at ``grid``: resampled bilinearly off the built grid, prefix rows kept.
+    A leaf under torch.fx, so each input's grid reaches it."""
+    return resample_tokens(table, 1, built, Layout(built.prefix, grid[0], grid[1]))
 
 
 def _stage_block(spec, stage, dim, heads, mlp_ratio, qkv_bias, proj_drop, attn_drop, drop_path, context) -> Block:

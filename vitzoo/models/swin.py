@@ -4,7 +4,7 @@ timm's model as it is (patch embed, patch merging, MLPs, norms, head, ``forward_
 each block's attention a zoo layer that cuts the grid into the stage's windows itself. ``softmax`` in a Swin stage
 is Swin's attention, ``window`` with the relative position bias (``SWIN_ATTENTION``; the spec's other options kept):
 timm's state dicts load strictly. Any other
-mechanism runs inside the stage's windows (``window`` option, docs/mechanisms.md section 27); a window as large as
+mechanism runs inside the stage's windows (``window`` option, docs/mechanisms.md section 25); a window as large as
 the stage is global attention over the stage, as the FLatten, Agent, InLine and Pola Swin releases use it.
 """
 
