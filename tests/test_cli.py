@@ -9,7 +9,7 @@ from conftest import run_python
 
 def test_help_lists_the_presets_of_each_script():
     train = run_python("train.py", "--help").stdout.split("== Config")[0]  # the presets, not the config dump
-    assert "  model: nonlocal_resnet_linear," in train and "vit_linear*" in train and "  data: " in train
+    assert "  model: agent_pvt_tiny," in train and "vit_linear*" in train and "  data: " in train
     assert "model/base" not in train and "robustness" not in train and "  hydra:" not in train
     evaluate = run_python("eval.py", "--help").stdout.split("== Config")[0]
     assert "  robustness: benchmark, clean, default*, zoo" in evaluate and "  model:" not in evaluate
@@ -31,7 +31,7 @@ def test_help_and_config_errors_do_not_import_torch(script):
     [
         (
             ["model=no_such_model"],
-            "error: model=no_such_model is not a preset; choose one of: nonlocal_resnet_linear, ",
+            "error: model=no_such_model is not a preset; choose one of: agent_pvt_tiny, agent_swin_tiny, ",
         ),
         (["no_such_key=3"], "error: Could not override 'no_such_key'. To append to your config use +no_such_key=3"),
     ],
