@@ -1,17 +1,18 @@
 // The CPU kernel of the torch path's non-causal linear attention (torch_linear.py; built by cpu_kernel.py): one call
 // per forward and one per backward. Each walks every (batch, head) slice in two phases: the state (S = phi(k)^T v,
 // z = sum phi(k)), then the output (or, backward: the query gradients with dS, dz, then the key / value gradients).
-// A phase cuts the slices' tokens into units (with few slices, one token range per thread in each slice; partial
-// sums added in a fixed order) run by `threads` threads: a pool of the kernel's own (few slices: no OpenMP region
-// per call, and safe across fork), or ATen's OpenMP threads (many slices, e.g. a training batch). A unit walks its
-// tokens in blocks of rows small enough to stay in the core's L2: the feature map, the normaliser and the
-// element-wise work fused into row loops over the block (1 / den folded into the feature rows, so that the products
-// write the results directly), the (block x d x d) products handed straight to BLAS (the sgemm_ of the MKL that
-// ATen links, else ATen's mm). Inputs are (B, H, N, D) with unit column stride and any other strides (timm's packed
-// qkv views); float32, or float64 for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1
-// for x <= 0, x + 1 > 1 above), relu -> [f > 0], identity (features computed by the caller) -> 1. Built with
-// -fno-trapping-math so that the branch-free row loops vectorise; float32 elu+1 rows take an AVX-512 form of the
-// same exp where the build targets AVX-512.
+// A phase cuts the slices' tokens into units (with few slices, 1-4 token ranges per thread in each slice, partial
+// sums added in a fixed order) that `threads` threads claim one at a time: a pool of the kernel's own (few slices:
+// no OpenMP region per call, and safe across fork), or ATen's OpenMP threads (many slices, e.g. a training batch).
+// A unit walks its tokens in blocks of rows small enough to stay in the core's L2: the feature map, the normaliser
+// and the element-wise work fused into row loops over the block (1 / den folded into the feature rows, so that the
+// products write the results directly), the (block x d x d) products in AVX-512 register tiles where the build
+// targets AVX-512, else handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are
+// (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64 for
+// gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above),
+// relu -> [f > 0], identity (features computed by the caller) -> 1. Built with -fno-trapping-math so that the
+// branch-free row loops vectorise; float32 elu+1 rows take an AVX-512 form of the same exp where the build targets
+// AVX-512.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -123,6 +124,25 @@ inline void phi_row<kElu, float>(const float* __restrict xr, float* __restrict f
     _mm512_mask_storeu_ps(fr + i, m, f);
   }
 }
+
+// The lanes of 16 that hold channels when `left` remain.
+inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+// phi and phi'(f) on 16 lanes, NaN kept as std::min / std::max keep it (the NaN operand second).
+template <Map M>
+inline __m512 phi16(__m512 x) {
+  const __m512 zero = _mm512_setzero_ps();
+  if constexpr (M == kElu) return _mm512_add_ps(exp_nonpositive16(_mm512_min_ps(zero, x)), _mm512_max_ps(zero, x));
+  else if constexpr (M == kRelu) return _mm512_max_ps(zero, x);
+  else return x;
+}
+template <Map M>
+inline __m512 dphi16(__m512 f) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  if constexpr (M == kElu) return _mm512_min_ps(one, f);
+  else if constexpr (M == kRelu) return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(f, _mm512_setzero_ps(), _CMP_GT_OQ), one);
+  else return one;
+}
 #endif
 
 template <typename T>
@@ -132,6 +152,20 @@ inline T dot(const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
 }
+
+#if defined(__AVX512F__)
+// 16 lanes at a time, the last ones masked: no scalar tail (a row is 32-64 channels, so the tail code of the loop
+// above costs as much as its body)
+template <>
+inline float dot<float>(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+#endif
 
 inline bool has_mkl() { return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr; }
 
@@ -427,6 +461,31 @@ struct Partial {
 template <Map M, typename T>
 void features(const Rows<T>& x, int64_t s, int64_t r0, int64_t rows, T* __restrict f, T* __restrict z = nullptr) {
   const int64_t width = x.width;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (width <= 64) {  // one row in <= 4 registers, the column sums kept in 4 more over the block
+      const int64_t nv = (width + 15) / 16;
+      __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x(s, r0 + r);
+        float* fr = f + r * width;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          if (j >= nv) break;
+          const __mmask16 m = lanes(width - 16 * j);
+          const __m512 v = phi16<M>(_mm512_maskz_loadu_ps(m, xr + 16 * j));
+          _mm512_mask_storeu_ps(fr + 16 * j, m, v);
+          sum[j] = _mm512_add_ps(sum[j], v);
+        }
+      }
+      for (int j = 0; z != nullptr && j < nv; ++j) {
+        const __mmask16 m = lanes(width - 16 * j);
+        _mm512_mask_storeu_ps(z + 16 * j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, z + 16 * j), sum[j]));
+      }
+      return;
+    }
+  }
+#endif
   for (int64_t r = 0; r < rows; ++r) {
     T* __restrict fr = f + r * width;
     phi_row<M>(x(s, r0 + r), fr, width);
@@ -442,6 +501,37 @@ template <Map M, typename T>
 void scaled_features(const Rows<T>& q, int64_t s, int64_t r0, int64_t rows, const T* __restrict z, T eps,
                      T* __restrict f, T* __restrict inv, T* __restrict p = nullptr) {
   const int64_t width = q.width;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (width <= 64) {  // one row in <= 4 registers, z in 4 more
+      const int64_t nv = (width + 15) / 16;
+      __m512 zv[4], fv[4];
+      for (int j = 0; j < nv; ++j) zv[j] = _mm512_maskz_loadu_ps(lanes(width - 16 * j), z + 16 * j);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = q(s, r0 + r);
+        __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          if (j >= nv) break;
+          fv[j] = phi16<M>(_mm512_maskz_loadu_ps(lanes(width - 16 * j), xr + 16 * j));
+          acc = _mm512_fmadd_ps(fv[j], zv[j], acc);
+        }
+        const float den = _mm512_reduce_add_ps(acc) + eps, i_r = 1.0f / den;
+        const bool tiny = std::abs(den) < std::numeric_limits<float>::min();  // as below
+        inv[r] = i_r;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          if (j >= nv) break;
+          const __mmask16 m = lanes(width - 16 * j);
+          if (p != nullptr) _mm512_mask_storeu_ps(p + r * width + 16 * j, m, dphi16<M>(fv[j]));
+          const __m512 scaled = tiny ? _mm512_div_ps(fv[j], _mm512_set1_ps(den)) : _mm512_mul_ps(fv[j], _mm512_set1_ps(i_r));
+          _mm512_mask_storeu_ps(f + r * width + 16 * j, m, scaled);
+        }
+      }
+      return;
+    }
+  }
+#endif
   for (int64_t r = 0; r < rows; ++r) {
     T* __restrict fr = f + r * width;
     phi_row<M>(q(s, r0 + r), fr, width);
