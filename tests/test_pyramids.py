@@ -326,3 +326,62 @@ def test_a_windowed_layers_probe_sees_its_windows():
     for name in ("layers.0.blocks.0.attn", "layers.0.blocks.1.attn"):  # unshifted, shifted
         torch.testing.assert_close(maps[name].sum(-1), torch.ones(1, 1, 256))
         assert torch.equal(maps[name] > 0, swin_maps[name] > 0)
+
+
+# -- init_from and attention transfer ------------------------------------------------------------------------------
+def test_init_from_timms_softmax_pyramid_into_any_mechanism_per_stage(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    teacher = timm.create_model("pvt_v2_b0", **SMALL["pvt_v2_b0"]).eval()
+    save_file(teacher.state_dict(), tmp_path / "pvt_v2.safetensors")
+    same = small("pvt_v2_b0", init_from=tmp_path / "pvt_v2.safetensors").eval()
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(same(x), teacher(x), rtol=0, atol=0)
+    student = small("pvt_v2_b0", attention=["focused_linear", "linear", "softmax", "softmax"])
+    report = vitzoo.models.initialise_from(student, tmp_path / "pvt_v2.safetensors")
+    stage1, stage2 = student.stages[0].blocks[0].attn, student.stages[1].blocks[0].attn
+    q, kv = (teacher.state_dict()[f"stages.0.blocks.0.attn.{n}.weight"] for n in ("q", "kv"))
+    torch.testing.assert_close(stage1.in_proj.proj.weight, torch.cat([q, kv]), rtol=0, atol=0)
+    assert "stages.0.blocks.0.attn.pos.weight" in report.new  # FLatten's own table keeps its init
+    assert "stages.0.blocks.0.attn.sr.weight" in report.unused  # FLatten takes no spatial reduction
+    assert stage2.sr is not None and "stages.1.blocks.0.attn.sr.sr.weight" in report.loaded  # linear keeps PVT's SR
+    with pytest.raises(ValueError, match="not this ZooSwinTransformer's family or shape"):
+        vitzoo.models.initialise_from(small("swin_tiny"), tmp_path / "pvt_v2.safetensors")
+
+
+def test_transfer_teaches_a_pyramids_converted_stages_only(tmp_path):
+    from safetensors.torch import save_file
+    from vitzoo.training.transfer import AttentionTransfer, attention_layers
+
+    torch.manual_seed(0)
+    state = small("swin_tiny").state_dict()
+    for name in [n for n in state if n.endswith("attn.in_proj.proj.weight")]:  # sharp softmax rows to learn
+        state[name] = torch.cat(
+            [state[name][: 2 * (len(state[name]) // 3)] * 30, state[name][2 * (len(state[name]) // 3) :]]
+        )
+    save_file(state, tmp_path / "swin.safetensors")
+    module = AttentionTransfer(
+        arch="swin_tiny",
+        attention=["linear", "linear", "softmax", "softmax"],
+        num_classes=5,
+        img_size=64,
+        model_kwargs={k: v for k, v in SMALL["swin_tiny"].items() if k != "num_classes"},
+        transfer={"stage": 1},
+    )
+    module.initialise(str(tmp_path / "swin.safetensors"))
+    student, teacher = attention_layers(module.model), attention_layers(module.teacher)
+    assert module.converted == [0, 1, 2, 3]  # stages 1-2 (2 blocks each); Swin's own stages 3-4 are the teacher's
+    images = torch.randn(4, 3, 64, 64)
+    optimizer = torch.optim.Adam([p for p in module.model.parameters() if p.requires_grad], lr=1e-3)
+    frozen = {n: t.clone() for n, t in module.model.layers[2].state_dict().items()}
+    losses = []
+    for _ in range(5):
+        loss = torch.stack(list(module.transfer_losses(images).values())).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert all(torch.equal(frozen[n], t) for n, t in module.model.layers[2].state_dict().items())
+    torch.testing.assert_close(student[4].rel_table, teacher[4].rel_table, rtol=0, atol=0)

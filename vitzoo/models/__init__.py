@@ -12,7 +12,8 @@ from vitzoo.attention import AttentionSpec
 from . import pvt, pvt_v2, releases, swin  # noqa: F401  (register the architectures)
 from . import mlla, ravlt  # noqa: F401  (register the architectures)
 from .nonlocal_resnet import NonLocalBlock, NonLocalResNet
-from .pretrained import LoadReport, initialise_from
+from .init_from import initialise_from
+from .pretrained import LoadReport
 from .registry import timm_name, zoo_names
 from .vit import VIT_ARCHS, ZooVisionTransformer, default_feature_levels
 

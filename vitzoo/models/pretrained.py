@@ -72,7 +72,7 @@ def initialise_from(model: nn.Module, source: Union[str, os.PathLike]) -> LoadRe
     if not isinstance(model, ZooVisionTransformer):
         raise ValueError(
             f"init_from loads a ViT's weights; {type(model).__name__} is not a vitzoo ViT (build one of "
-            f"the vit_* architectures)"
+            f"the vit_* architectures, or a pyramid: vitzoo.models.initialise_from)"
         )
     weights = read_vit_weights(source, before_download=lambda layout: _check_architecture(model, layout))
     _check_architecture(model, weights)

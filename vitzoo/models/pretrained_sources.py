@@ -31,7 +31,7 @@ from .pretrained_eva import EVA_HINT, eva_differences, eva_layout, eva_rope, is_
 from .registry import short_name, timm_name
 from .vit import VIT_ARCHS
 
-__all__ = ["ViTWeights", "read_vit_weights", "SOURCE_FORMS", "STATE_DICT_SUFFIXES"]
+__all__ = ["ViTWeights", "read_vit_weights", "read_state_dict", "SOURCE_FORMS", "STATE_DICT_SUFFIXES"]
 
 STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".bin")
 SOURCE_FORMS = (
@@ -77,6 +77,19 @@ def read_vit_weights(
         )
     if path.suffix not in STATE_DICT_SUFFIXES:
         raise ValueError(f"init_from={text!r} has suffix {path.suffix!r}; give {SOURCE_FORMS}")
+    state = read_state_dict(text, path)
+    if {"blocks.0.gamma_1", "blocks.0.attn.q_bias", "rope.freqs"} & set(
+        state
+    ):  # a timm Eva: RoPE settings not recorded
+        rope = {"name": "mixed"} if "rope.freqs" in state else None
+        note = "RoPE settings are not in a state dict: the model's are taken"
+        return ViTWeights(text, eva_layout(state), rope=rope, notes=[note], rotate_half=None)
+    return ViTWeights(text, state)
+
+
+def read_state_dict(text: str, path: Path) -> Dict[str, torch.Tensor]:
+    """The tensors of a .safetensors / .pth / .bin state dict file (a training script's wrapper unpacked); an
+    unreadable file is one ValueError."""
     try:
         state = (
             load_file(str(path))
@@ -89,14 +102,7 @@ def read_vit_weights(
             f"init_from={text!r} is not a readable state dict ({reason}); save it with "
             f"safetensors' save_file(model.state_dict(), ...) or torch.save(model.state_dict(), ...)"
         ) from None
-    state = _tensors_only(text, state)
-    if {"blocks.0.gamma_1", "blocks.0.attn.q_bias", "rope.freqs"} & set(
-        state
-    ):  # a timm Eva: RoPE settings not recorded
-        rope = {"name": "mixed"} if "rope.freqs" in state else None
-        note = "RoPE settings are not in a state dict: the model's are taken"
-        return ViTWeights(text, eva_layout(state), rope=rope, notes=[note], rotate_half=None)
-    return ViTWeights(text, state)
+    return _tensors_only(text, state)
 
 
 def _tensors_only(source: str, state) -> Dict[str, torch.Tensor]:
@@ -108,7 +114,7 @@ def _tensors_only(source: str, state) -> Dict[str, torch.Tensor]:
     state = clean_state_dict(wrapped) if isinstance(wrapped, dict) else wrapped
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(
-            f"init_from={source!r} holds no state dict of tensors; pass the state dict of a timm VisionTransformer"
+            f"init_from={source!r} holds no state dict of tensors; pass a model's state dict (model.state_dict())"
         )
     return state
 

@@ -1,11 +1,13 @@
-"""Attention transfer: a pretrained softmax ViT teaches another mechanism its attention (LoLCATs, Hedgehog).
+"""Attention transfer: a pretrained softmax ViT or pyramid teaches another mechanism its attention (LoLCATs,
+Hedgehog).
 
-Stage 1 (``transfer.stage=1``): the teacher is the softmax network of ``model.init_from``, the student the same
-weights with the chosen mechanism. Every student attention layer reads the teacher's input to that layer and
-learns to give that teacher layer's output: the MSE per layer, summed over layers (plus, with
-``attention_ce``, the cross-entropy between the layers' attention rows, as Hedgehog trains). One teacher
-forward pass serves all layers and no labels are used. Only the q/k maps (with their qk-norms) and the
-mechanism's own parameters learn (``qk: freeze`` keeps q/k too); every other tensor stays bit-identical.
+Stage 1 (``transfer.stage=1``): the teacher is the softmax network of ``model.init_from`` (a pyramid's own softmax:
+PVT's with its spatial reduction, Swin's windows), the student the same weights with the chosen mechanism. Every
+student attention layer reads the teacher's input to that layer and learns to give that teacher layer's output: the
+MSE per layer, summed over layers (plus, with ``attention_ce``, the cross-entropy between the layers' attention rows,
+as Hedgehog trains). One teacher forward pass serves all layers and no labels are used. Only the q/k maps (with their
+qk-norms) and the mechanism's own parameters of the converted layers learn (``qk: freeze`` keeps q/k too); every other
+tensor stays bit-identical.
 
 Stage 2 (``transfer.stage=2``): the student fine-tunes end to end on the labels like any classifier, starting
 from a stage-1 checkpoint (``transfer.student``), optionally with the KL divergence to the teacher's logits at
@@ -24,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitzoo.attention import SoftmaxAttention, ZooAttention
+from vitzoo.attention import ZooAttention
 from vitzoo.models import initialise_from
 
 from .evaluate import read_checkpoint
@@ -40,16 +42,17 @@ _SAME_NETWORK = ("arch", "attention", "model_kwargs", "num_classes", "img_size",
 
 
 def attention_layers(model: nn.Module) -> List[ZooAttention]:
-    """The attention module of every block, in order."""
-    return [block.attn for block in model.blocks]
+    """The attention module of every block, in order (a ViT's blocks, a pyramid's stages one after another)."""
+    return [m for m in model.modules() if isinstance(m, ZooAttention)]
 
 
-def converted_blocks(model: nn.Module) -> List[int]:
-    """The blocks stage 1 teaches: those whose mechanism is not the teacher's softmax (a hybrid stack's softmax blocks
-    keep the teacher's weights), or every block of an all-softmax student (which then reproduces its teacher)."""
-    layers = attention_layers(model)
-    converted = [i for i, attn in enumerate(layers) if not isinstance(attn, SoftmaxAttention)]
-    return converted or list(range(len(layers)))
+def converted_blocks(model: nn.Module, teacher: nn.Module) -> List[int]:
+    """The blocks stage 1 teaches: those whose mechanism is not the teacher's (a hybrid stack's softmax blocks, a
+    pyramid's unchanged stages keep the teacher's weights), or every block of a student with the teacher's mechanism
+    throughout (which then reproduces its teacher)."""
+    pairs = list(zip(attention_layers(model), attention_layers(teacher)))
+    converted = [i for i, (student, own) in enumerate(pairs) if type(student) is not type(own)]
+    return converted or list(range(len(pairs)))
 
 
 class AttentionTransfer(ImageClassifier):
@@ -64,15 +67,15 @@ class AttentionTransfer(ImageClassifier):
     def __init__(self, *, transfer: Optional[Mapping[str, Any]] = None, **classifier):
         super().__init__(**classifier)
         self.transfer = _check_transfer(transfer)
-        if not hasattr(self.model, "blocks") or not all(
-            isinstance(a, ZooAttention) for a in attention_layers(self.model)
-        ):
-            raise ValueError(f"attention transfer needs a ViT (vit_* architectures), got {self.hparams.arch}")
+        if not attention_layers(self.model) or not hasattr(self.model, "forward_features"):
+            raise ValueError(
+                f"attention transfer needs a ViT or a pyramid (vitzoo.list_models()), got {self.hparams.arch}"
+            )
         self.stage = self.transfer["stage"]
-        self.converted = converted_blocks(self.model)
         self.teacher: Optional[nn.Module] = None
         if self.stage == 1 or self.transfer["distill"] > 0:
             self.teacher = build_model({**self.hparams, "attention": "softmax"}).requires_grad_(False)
+        self.converted = [] if self.teacher is None else converted_blocks(self.model, self.teacher)
         self._kept_rows: List[Tuple[nn.Parameter, slice, torch.Tensor]] = []
         self.teacher_head_note = ""  # why the teacher's head is not the pretrained one ("" = it is)
         if self.stage == 1:
