@@ -109,6 +109,7 @@ def _miou(module: SegmentationModule, loader) -> float:
     return float(metric.compute())
 
 
+@pytest.mark.slow  # 10 training epochs: about a minute on two CPU cores
 def test_export_fine_tunes_to_segment_shapes(export_dir, tmp_path):
     """configs/segment_shapes.yaml on the export: mIoU from ~chance to well above it in 10 CPU epochs."""
     torch.manual_seed(0)
