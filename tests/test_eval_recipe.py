@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Subset
 
+import vitzoo
 from conftest import QUIET_TRAINER, compose_config
 from vitzoo.data import DigitsDataModule
+from vitzoo.robustness import evaluate
 from vitzoo.robustness.run import evaluate_checkpoints, given_transform
 from vitzoo.training import build_classifier_for, fit, load_classifier, read_checkpoint
 from vitzoo.training import evaluate as clean_evaluate
@@ -104,3 +106,9 @@ def test_only_the_fields_the_command_line_sets_are_given(tmp_path):
         "recipe": cfg.data.recipe,
         "crop_pct": cfg.data.crop_pct,
     }
+
+
+def test_an_unknown_transform_field_is_one_line_naming_the_valid_ones():
+    model = vitzoo.create_model("vit_cifar", img_size=16, num_classes=10, **TINY)
+    with pytest.raises(ValueError, match=r"transform has no option\(s\) \['crop'\]; valid options: \['crop_pct', "):
+        evaluate(model, DigitsDataModule, transform={"crop": 1.0})

@@ -6,7 +6,7 @@ its command line). A checkpoint written before the record, or a model, reads the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from vitzoo.options import reject_unknown
@@ -14,7 +14,6 @@ from vitzoo.options import reject_unknown
 __all__ = ["FIELDS", "Inputs", "inputs_of"]
 
 FIELDS = ("recipe", "crop_pct", "interpolation", "mean", "std")
-_CROP = ("crop_pct", "interpolation")
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def inputs_of(hparams: Mapping[str, Any], given: Mapping[str, Any], data: Callab
     the data module factory ``data``, ``given`` (fields of :data:`FIELDS`) over what it recorded."""
     reject_unknown("transform", given, FIELDS)
     recorded: Optional[Dict[str, Any]] = hparams.get("eval_transform")
-    kwargs = {k: given[k] for k in ("recipe", *_CROP) if k in given}
+    kwargs = {k: given[k] for k in ("recipe", "crop_pct", "interpolation") if k in given}
     crop = None
     if recorded is not None:
         kwargs.setdefault("recipe", recorded["recipe"])
@@ -78,4 +77,4 @@ def inputs_of(hparams: Mapping[str, Any], given: Mapping[str, Any], data: Callab
         note = f"{what}: {given_words} given over its checkpoint's {_spell(recorded)}"
     else:
         note = f"{what} as trained (its checkpoint's)"
-    return Inputs(inputs.data_kwargs, inputs.pretrained_cfg, inputs.mean, inputs.std, note)
+    return replace(inputs, note=note)
