@@ -385,3 +385,48 @@ def test_transfer_teaches_a_pyramids_converted_stages_only(tmp_path):
     assert losses[-1] < losses[0]
     assert all(torch.equal(frozen[n], t) for n, t in module.model.layers[2].state_dict().items())
     torch.testing.assert_close(student[4].rel_table, teacher[4].rel_table, rtol=0, atol=0)
+
+
+# -- dense prediction ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["pvt_tiny", "swin_tiny"])
+def test_vitzoos_segmentation_takes_a_pyramid_export_and_learns(arch, tmp_path):
+    """The export's four levels feed vitzoo's decoder directly (no simple_fpn), Swin's channels-last maps too."""
+    from vitzoo.export import export_model
+    from vitzoo.segmentation.model import SegmentationNet, create_backbone
+
+    torch.manual_seed(0)
+    export_model(small(arch, attention="linear"), tmp_path / "export", head=False)
+    net = SegmentationNet(create_backbone(str(tmp_path / "export")), num_classes=2, channels=16)
+    with pytest.raises(ValueError, match="has its own"):
+        SegmentationNet(create_backbone(str(tmp_path / "export")), num_classes=2, neck="simple_fpn")
+    images, masks = 0.3 * torch.rand(4, 3, 64, 64), torch.zeros(4, 64, 64, dtype=torch.long)
+    for i, (r, c) in enumerate([(4, 8), (24, 40), (40, 4), (12, 28)]):  # a bright square on each image
+        images[i, :, r : r + 20, c : c + 20], masks[i, r : r + 20, c : c + 20] = 1.0, 1
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss = F.cross_entropy(net(images), masks)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert net(images).shape == (4, 2, 64, 64) and losses[-1] < 0.7 * losses[0]
+
+
+def test_smp_fpn_on_a_swin_with_a_mechanism_per_stage():
+    smp = pytest.importorskip("segmentation_models_pytorch")
+    kwargs = {k: v for k, v in SMALL["swin_tiny"].items() if k != "num_classes"}
+    net = smp.FPN(
+        "tu-vitzoo_swin_tiny",
+        encoder_weights=None,
+        classes=2,
+        decoder_pyramid_channels=32,
+        decoder_segmentation_channels=32,
+        img_size=64,
+        attention=["linear", "focused_linear", "softmax", "softmax"],
+        **kwargs,
+    )
+    out = net(torch.randn(2, 3, 64, 64))
+    assert out.shape == (2, 2, 64, 64) and torch.isfinite(out).all()
+    names = {type(m).__name__ for m in net.encoder.modules()}
+    assert {"LinearAttention", "FocusedLinearAttention", "WindowAttention"} <= names

@@ -68,7 +68,8 @@ class SegmentationNet(nn.Module):
     """images in [0, 1] (B, C, H, W) -> class logits (B, num_classes, H, W).
 
     Normalises with the backbone's ``pretrained_cfg`` mean/std (averaged for a 1-channel input to an RGB
-    backbone), so data pipelines stay in [0, 1].
+    backbone), so data pipelines stay in [0, 1]. A pyramid's four levels (PVT, PVTv2, Swin, MLLA, RAVLT: strides
+    4-32) feed the decoder as they are (Swin's channels-last maps turned to NCHW).
     H and W must be multiples of the backbone's largest feature stride (the patch size for a ViT).
     ``neck="simple_fpn"`` feeds the decoder ViTDet's pyramid (strides p/4 .. 2p) built from a plain ViT's
     last map instead of the backbone's levels; a backbone with a pyramid of its own refuses it.
@@ -87,6 +88,7 @@ class SegmentationNet(nn.Module):
         reductions = backbone.feature_info.reduction()
         check_neck(neck, reductions)
         self.stride = max(reductions)
+        self.channels_last = getattr(backbone, "output_fmt", "NCHW") == "NHWC"  # timm's Swin features
         self.neck = SimpleFeaturePyramid(backbone.feature_info.channels()[-1], self.stride, channels) if neck else None
         levels = self.neck.channels() if neck else backbone.feature_info.channels()
         self.decoder = MLPDecoder(levels, num_classes, channels, dropout)
@@ -103,5 +105,7 @@ class SegmentationNet(nn.Module):
                 f"resize or crop to a multiple of {self.stride} (data.img_size)"
             )
         features = self.backbone((images - self.mean) / self.std)
+        if self.channels_last:
+            features = [f.permute(0, 3, 1, 2) for f in features]
         logits = self.decoder(self.neck(features) if self.neck is not None else features)
         return F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
