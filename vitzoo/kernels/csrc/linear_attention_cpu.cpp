@@ -138,9 +138,9 @@ inline __m512 phi16(__m512 x) {
 }
 template <Map M>
 inline __m512 dphi16(__m512 f) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
   if constexpr (M == kElu) return _mm512_min_ps(one, f);
-  else if constexpr (M == kRelu) return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(f, _mm512_setzero_ps(), _CMP_GT_OQ), one);
+  else if constexpr (M == kRelu) return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(f, zero, _CMP_GT_OQ), one);
   else return one;
 }
 #endif
@@ -187,7 +187,8 @@ void tile(int64_t kdim, const float* __restrict a, int64_t ars, int64_t acs, con
   for (int64_t k = 0; k < kdim; ++k, ak += acs, bk += ldb) {
     __m512 bv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) bv[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * j) : _mm512_loadu_ps(bk + 16 * j);
+    for (int j = 0; j < NV; ++j)
+      bv[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * j) : _mm512_loadu_ps(bk + 16 * j);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 ai = _mm512_set1_ps(ak[i * ars]);
@@ -524,7 +525,8 @@ void scaled_features(const Rows<T>& q, int64_t s, int64_t r0, int64_t rows, cons
           if (j >= nv) break;
           const __mmask16 m = lanes(width - 16 * j);
           if (p != nullptr) _mm512_mask_storeu_ps(p + r * width + 16 * j, m, dphi16<M>(fv[j]));
-          const __m512 scaled = tiny ? _mm512_div_ps(fv[j], _mm512_set1_ps(den)) : _mm512_mul_ps(fv[j], _mm512_set1_ps(i_r));
+          const __m512 scaled =
+              tiny ? _mm512_div_ps(fv[j], _mm512_set1_ps(den)) : _mm512_mul_ps(fv[j], _mm512_set1_ps(i_r));
           _mm512_mask_storeu_ps(f + r * width + 16 * j, m, scaled);
         }
       }
@@ -574,6 +576,66 @@ void check_state(const at::Tensor& x, const at::Tensor& S, const at::Tensor& z, 
 void check_like(const c10::optional<at::Tensor>& grad, const at::Tensor& x, const char* name) {
   TORCH_CHECK(!grad.has_value() || (grad->sizes() == x.sizes() && grad->dtype() == x.dtype()), name,
               " must be shaped and typed like its input");
+}
+
+// The rows of a query block after a = dO S^T: c = f.a per row, dz -= sum c f (when dz is given) and, when p is
+// given, a = (a - c z) / den * phi' in place (dq).
+template <typename T>
+void query_rows(int64_t rows, int64_t D, const T* __restrict f, T* __restrict a, int64_t lda, const T* __restrict z,
+                const T* __restrict inv, const T* __restrict p, T* __restrict dz) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (D <= 64) {  // one row in <= 4 registers, z and the dz sums in 8 more
+      const int64_t nv = (D + 15) / 16;
+      __m512 zv[4], dzv[4], av[4], fv[4];
+      for (int j = 0; j < nv; ++j) {
+        zv[j] = _mm512_maskz_loadu_ps(lanes(D - 16 * j), z + 16 * j);
+        dzv[j] = _mm512_setzero_ps();
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          if (j >= nv) break;
+          const __mmask16 m = lanes(D - 16 * j);
+          fv[j] = _mm512_maskz_loadu_ps(m, f + r * D + 16 * j);
+          av[j] = _mm512_maskz_loadu_ps(m, a + r * lda + 16 * j);
+          acc = _mm512_fmadd_ps(fv[j], av[j], acc);
+        }
+        const __m512 c = _mm512_set1_ps(_mm512_reduce_add_ps(acc)), i_r = _mm512_set1_ps(inv[r]);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          if (j >= nv) break;
+          dzv[j] = _mm512_fnmadd_ps(c, fv[j], dzv[j]);
+          if (p == nullptr) continue;
+          const __mmask16 m = lanes(D - 16 * j);
+          const __m512 g = _mm512_mul_ps(_mm512_fnmadd_ps(c, zv[j], av[j]), i_r);
+          const __m512 pv = _mm512_maskz_loadu_ps(m, p + r * D + 16 * j);
+          _mm512_mask_storeu_ps(a + r * lda + 16 * j, m, _mm512_mul_ps(g, pv));
+        }
+      }
+      for (int j = 0; dz != nullptr && j < nv; ++j) {
+        const __mmask16 m = lanes(D - 16 * j);
+        _mm512_mask_storeu_ps(dz + 16 * j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dz + 16 * j), dzv[j]));
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* __restrict fr = f + r * D;
+    T* __restrict ar = a + r * lda;
+    const T c = dot(fr, ar, D);
+    if (dz != nullptr) {
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) dz[i] -= c * fr[i];
+    }
+    if (p == nullptr) continue;
+    const T* __restrict pr = p + r * D;
+    const T i_r = inv[r];
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) ar[i] = (ar[i] - c * z[i]) * i_r * pr[i];
+  }
 }
 
 // A fresh output of 4 MiB or more is backed by transparent huge pages where the OS offers them on request (THP
@@ -671,21 +733,8 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     const int64_t lda = dq.has_value() ? dqs.ld : D;
     gemm<T>(false, rows, D, Dv, dos(s, r0), dos.ld, Stp + s * D * Dv, D, T(0), a, lda);
     if (state_grads) gemm<T>(true, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dS_parts.slot(s, part), Dv);
-    T* __restrict dzs = dz_parts.slot(s, part);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* __restrict fr = f + r * D;
-      T* __restrict ar = a + r * lda;
-      const T c = dot(fr, ar, D);
-      if (state_grads) {
-#pragma omp simd
-        for (int64_t i = 0; i < D; ++i) dzs[i] -= c * fr[i];
-      }
-      if (!dq.has_value()) continue;
-      const T* __restrict pr = p + r * D;
-      const T i_r = inv[r];
-#pragma omp simd
-      for (int64_t i = 0; i < D; ++i) ar[i] = (ar[i] - c * zs[i]) * i_r * pr[i];
-    }
+    query_rows(rows, D, f, a, lda, zs, inv, dq.has_value() ? p : nullptr,
+               state_grads ? dz_parts.slot(s, part) : nullptr);
   });
   if (!state_grads) return;
   const at::Tensor dS = dS_parts.total().view({BH, D, Dv}), dz = dz_parts.total(), dS_t = transposed<T>(dS);
