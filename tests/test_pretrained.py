@@ -14,7 +14,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 import vitzoo
 from conftest import compose_config
 from vitzoo.export import export_model
-from vitzoo.models import initialise_from
+from vitzoo.models import hub_probe, initialise_from
 from vitzoo.training import build_classifier, load_classifier, train
 
 SHAPE = dict(embed_dim=64, depth=2, num_heads=2, patch_size=8)
@@ -201,7 +201,9 @@ def test_an_export_folder_round_trips(heads, tmp_path):
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
-    """timm's hub download, answered from a local file of random ViT-Ti/16 weights (or failing as offline)."""
+    """timm's hub download from a hub that answers (the probe of vitzoo.models.hub_probe says so), from a local file
+    of random ViT-Ti/16 weights (or failing as the hub library does for a file it cannot find)."""
+    monkeypatch.setattr(hub_probe, "hub_reachable", lambda endpoint: True)
     torch.manual_seed(0)
     weights = tmp_path / "model.safetensors"
     save_file(timm.create_model("vit_tiny_patch16_224").state_dict(), str(weights))

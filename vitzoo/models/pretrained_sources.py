@@ -152,7 +152,7 @@ def _from_timm(source: str, before_download: Optional[Callable[[ViTWeights], Non
         raise ValueError(
             f"init_from={source!r}: the weights could not be downloaded ({reason}); offline, pass a "
             f"local file instead: save timm.create_model('{name}', pretrained=True).state_dict() where "
-            f"the hub is reachable (safetensors' save_file) and give init_from=/path/to/weights.safetensors"
+            f"the hub is reachable (safetensors' save_file) and pass init_from=/path/to/weights.safetensors"
         ) from None
     return _timm_weights(source, model)
 
