@@ -14,16 +14,13 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
-from timm.models import build_model_with_cfg
 
 from vitzoo.attention import AttentionSpec, attention_layer
 from vitzoo.attention.stack import stage_specs
 from .blocks import MllaBlock
-from .default_cfg import ZOO_CFG
-from .local_dir import verify_local_dir
-from .registry import timm_name, zoo_cfgs, zoo_model
+from .builders import build_pyramid, imagenet_cfg
+from .registry import zoo_cfgs, zoo_model
 from .staged import Stage, StagedNet, drop_path_rates, stage_grids
 
 __all__ = ["Mlla", "MLLA_ARCHS", "MLLA_OWN"]
@@ -182,35 +179,12 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def _cfg(**kwargs):
-    return {
-        **ZOO_CFG,
-        "pool_size": (7, 7),
-        "crop_pct": 0.875,
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.conv1.conv",
-        "classifier": "head",
-        **kwargs,
-    }
-
-
-default_cfgs = zoo_cfgs({name: _cfg() for name in MLLA_ARCHS})
+MLLA_CFG = imagenet_cfg(pool_size=(7, 7), crop_pct=0.875, first_conv="patch_embed.conv1.conv", classifier="head")
+default_cfgs = zoo_cfgs({name: MLLA_CFG for name in MLLA_ARCHS})
 
 
 def _create(short: str, pretrained: bool, kwargs: dict) -> Mlla:
-    verify_local_dir(
-        pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), kwargs.get("attention")
-    )
-    return build_model_with_cfg(
-        Mlla,
-        timm_name(short),
-        pretrained,
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),
-        **{**MLLA_ARCHS[short], **kwargs},
-    )
+    return build_pyramid(Mlla, short, pretrained, kwargs, MLLA_ARCHS, dict(feature_cls="getter"))
 
 
 @zoo_model

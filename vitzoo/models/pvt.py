@@ -16,14 +16,13 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from timm.layers import LayerNorm, to_2tuple, trunc_normal_
 from timm.models._features import feature_take_indices
-from timm.models import build_model_with_cfg
 from timm.models.vision_transformer import Block
 
-from vitzoo.attention import AttentionSpec, ZooAttention, attention_layer
+from vitzoo.attention import ZooAttention, attention_layer
 from vitzoo.attention.base import share_grid
 from vitzoo.attention.grid import Layout, resample_tokens
-from .local_dir import verify_local_dir
 from .pyramid import stage_attention, with_defaults, zoo_layers
+from .builders import build_pyramid, imagenet_cfg
 from .registry import zoo_cfgs, zoo_model
 
 __all__ = ["PyramidVisionTransformer", "PVT_ARCHS"]
@@ -256,37 +255,6 @@ def _checkpoint_filter(state_dict: dict, model: PyramidVisionTransformer) -> dic
     return state_dict
 
 
-def _create(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs):
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
-        PyramidVisionTransformer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=_checkpoint_filter,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        attention=attention,
-        **kwargs,
-    )
-
-
-def _cfg(**kwargs):
-    return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": None,
-        "crop_pct": 0.9,
-        "interpolation": "bicubic",
-        "mean": (0.485, 0.456, 0.406),
-        "std": (0.229, 0.224, 0.225),
-        "first_conv": "patch_embed1.proj",
-        "classifier": "head",
-        "fixed_input_size": False,
-        **kwargs,
-    }
-
-
 PVT_ARCHS = {
     "pvt_tiny": dict(depths=(2, 2, 2, 2), drop_path_rate=0.1),
     "pvt_small": dict(depths=(3, 4, 6, 3), drop_path_rate=0.1),
@@ -294,11 +262,12 @@ PVT_ARCHS = {
     "pvt_large": dict(depths=(3, 8, 27, 3), drop_path_rate=0.3),
 }
 
-default_cfgs = zoo_cfgs({name: _cfg() for name in PVT_ARCHS})
+default_cfgs = zoo_cfgs({name: imagenet_cfg(first_conv="patch_embed1.proj", classifier="head") for name in PVT_ARCHS})
 
 
 def _build(name: str, pretrained: bool, kwargs: dict) -> PyramidVisionTransformer:
-    return _create(f"vitzoo_{name}", pretrained, **{**PVT_ARCHS[name], **kwargs})
+    features = dict(feature_cls="getter")
+    return build_pyramid(PyramidVisionTransformer, name, pretrained, kwargs, PVT_ARCHS, features, _checkpoint_filter)
 
 
 @zoo_model

@@ -12,13 +12,12 @@ from typing import Any, Dict, Sequence, cast
 import torch
 import torch.fx
 from timm.layers import to_2tuple, to_ntuple
-from timm.models import build_model_with_cfg
 from timm.models.pvt_v2 import Block, PyramidVisionTransformerV2, checkpoint_filter_fn
 
-from vitzoo.attention import AttentionSpec, ZooAttention
+from vitzoo.attention import ZooAttention
 from vitzoo.attention.base import share_grid
-from .local_dir import verify_local_dir
 from .pyramid import stage_attention, stage_layer, with_defaults
+from .builders import build_pyramid, imagenet_cfg
 from .registry import zoo_cfgs, zoo_model
 
 __all__ = ["ZooPvtV2", "PVT_V2_ARCHS"]
@@ -77,37 +76,6 @@ def _stage_side(side: int, stage: int) -> int:
     return g
 
 
-def _create(variant: str, pretrained: bool = False, attention: AttentionSpec = "softmax", **kwargs) -> ZooPvtV2:
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
-        ZooPvtV2,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
-        attention=attention,
-        **kwargs,
-    )
-
-
-def _cfg(**kwargs):
-    return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": None,
-        "crop_pct": 0.9,
-        "interpolation": "bicubic",
-        "mean": (0.485, 0.456, 0.406),
-        "std": (0.229, 0.224, 0.225),
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-        "fixed_input_size": False,
-        **kwargs,
-    }
-
-
 PVT_V2_ARCHS: Dict[str, Dict[str, Any]] = {
     "pvt_v2_b0": dict(depths=(2, 2, 2, 2), embed_dims=(32, 64, 160, 256), num_heads=(1, 2, 5, 8)),
     "pvt_v2_b1": dict(depths=(2, 2, 2, 2), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8)),
@@ -115,11 +83,12 @@ PVT_V2_ARCHS: Dict[str, Dict[str, Any]] = {
     "pvt_v2_b2_li": dict(depths=(3, 4, 6, 3), embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), linear=True),
 }
 
-default_cfgs = zoo_cfgs({name: _cfg() for name in PVT_V2_ARCHS})
+default_cfgs = zoo_cfgs({name: imagenet_cfg(first_conv="patch_embed.proj", classifier="head") for name in PVT_V2_ARCHS})
 
 
 def _build(name: str, pretrained: bool, kwargs: dict) -> ZooPvtV2:
-    return _create(f"vitzoo_{name}", pretrained, **{**PVT_V2_ARCHS[name], **kwargs})
+    features = dict(flatten_sequential=True)
+    return build_pyramid(ZooPvtV2, name, pretrained, kwargs, PVT_V2_ARCHS, features, checkpoint_filter_fn, "softmax")
 
 
 @zoo_model

@@ -14,15 +14,12 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, trunc_normal_
-from timm.models import build_model_with_cfg
 
 from vitzoo.attention import build_attention
 from vitzoo.attention.stack import stage_specs
-from .default_cfg import ZOO_CFG
-from .local_dir import verify_local_dir
-from .registry import timm_name, zoo_cfgs, zoo_model
+from .builders import build_pyramid, imagenet_cfg
+from .registry import zoo_cfgs, zoo_model
 from .staged import Stage, StagedNet, drop_path_rates, stage_grids
 
 __all__ = ["Ravlt", "RAVLT_ARCHS", "RAVLT_OWN"]
@@ -235,35 +232,13 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-def _cfg(**kwargs):
-    return {
-        **ZOO_CFG,
-        "pool_size": (7, 7),
-        "crop_pct": 0.9,
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.proj.0",
-        "classifier": "head",
-        **kwargs,
-    }
-
-
-default_cfgs = zoo_cfgs({name: _cfg() for name in RAVLT_ARCHS})
+default_cfgs = zoo_cfgs(
+    {name: imagenet_cfg(pool_size=(7, 7), first_conv="patch_embed.proj.0", classifier="head") for name in RAVLT_ARCHS}
+)
 
 
 def _create(short: str, pretrained: bool, kwargs: dict) -> Ravlt:
-    verify_local_dir(
-        pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), kwargs.get("attention")
-    )
-    return build_model_with_cfg(
-        Ravlt,
-        timm_name(short),
-        pretrained,
-        feature_cfg=dict(out_indices=(0, 1, 2, 3), feature_cls="getter"),
-        **{**RAVLT_ARCHS[short], **kwargs},
-    )
+    return build_pyramid(Ravlt, short, pretrained, kwargs, RAVLT_ARCHS, dict(feature_cls="getter"))
 
 
 @zoo_model

@@ -15,7 +15,6 @@ from typing import Any, Dict, Optional, Set, Tuple, cast
 import torch
 import torch.fx
 from timm.layers import to_2tuple
-from timm.models import build_model_with_cfg
 from timm.models.swin_transformer import (
     SwinTransformer,
     SwinTransformerBlock,
@@ -26,8 +25,8 @@ from timm.models.vision_transformer import init_weights_vit_timm
 
 from vitzoo.attention import AttentionSpec, ZooAttention, resolve_attention
 from vitzoo.attention.base import share_grid
-from .local_dir import verify_local_dir
 from .pyramid import stage_attention, stage_layer, with_defaults
+from .builders import build_pyramid, imagenet_cfg
 from .registry import zoo_cfgs, zoo_model
 
 __all__ = ["ZooSwinTransformer", "SWIN_ARCHS", "SWIN_ATTENTION"]
@@ -110,47 +109,21 @@ class ZooSwinTransformer(SwinTransformer):
         return {name for name, _ in self.named_parameters() if name.endswith("rel_table")}
 
 
-def _create(variant: str, pretrained: bool = False, attention: AttentionSpec = SWIN_ATTENTION, **kwargs):
-    verify_local_dir(pretrained, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"), attention)
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
-        ZooSwinTransformer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
-        attention=attention,
-        **kwargs,
-    )
-
-
-def _cfg(**kwargs):
-    return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": (7, 7),
-        "crop_pct": 0.9,
-        "interpolation": "bicubic",
-        "mean": (0.485, 0.456, 0.406),
-        "std": (0.229, 0.224, 0.225),
-        "first_conv": "patch_embed.proj",
-        "classifier": "head.fc",
-        "fixed_input_size": False,
-        **kwargs,
-    }
-
-
 SWIN_ARCHS: Dict[str, Dict[str, Any]] = {
     "swin_tiny": dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), drop_path_rate=0.2),
     "swin_small": dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), drop_path_rate=0.3),
 }
 
-default_cfgs = zoo_cfgs({name: _cfg() for name in SWIN_ARCHS})
+default_cfgs = zoo_cfgs(
+    {name: imagenet_cfg(pool_size=(7, 7), first_conv="patch_embed.proj", classifier="head.fc") for name in SWIN_ARCHS}
+)
 
 
 def _build(name: str, pretrained: bool, kwargs: dict) -> ZooSwinTransformer:
-    return _create(f"vitzoo_{name}", pretrained, **{**SWIN_ARCHS[name], **kwargs})
+    features = dict(flatten_sequential=True)
+    return build_pyramid(
+        ZooSwinTransformer, name, pretrained, kwargs, SWIN_ARCHS, features, checkpoint_filter_fn, SWIN_ATTENTION
+    )
 
 
 @zoo_model
