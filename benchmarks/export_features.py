@@ -20,12 +20,11 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from memory import status_mib  # a sibling module: scripts run from benchmarks/ see it
+from memory import timed_passes  # a sibling module: scripts run from benchmarks/ see it
 
 ATTENTIONS = ("linear", "softmax")
 
@@ -39,15 +38,8 @@ def worker(export_dir: str, img_size: int, reps: int, warmup_size: int) -> dict:
     x = torch.randn(1, 3, img_size, img_size)
     with torch.inference_mode():
         model(torch.randn(1, 3, warmup_size, warmup_size))
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = status_mib("VmRSS")
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            maps = model(x)
-            times.append(time.perf_counter() - start)
-    return {"seconds": min(times), "peak_mb": status_mib("VmHWM") - base, "shapes": [list(m.shape) for m in maps]}
+        seconds, peak, maps = timed_passes(lambda: model(x), reps)
+    return {"seconds": seconds, "peak_mb": peak, "shapes": [list(m.shape) for m in maps]}
 
 
 def export_patch_size(export_dir: Path) -> int:

@@ -17,13 +17,12 @@ import json
 import platform
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from typing import Dict, List
 
 import torch
 
-from memory import status_mib  # a sibling module: scripts run from benchmarks/ see it
+from memory import timed_passes  # a sibling module: scripts run from benchmarks/ see it
 
 PAIRS = {  # softmax original: the published linear forms of it
     "pvt_tiny": ["flatten_pvt_tiny", "agent_pvt_tiny", "inline_pvt_tiny", "pola_pvt_tiny"],
@@ -77,19 +76,12 @@ def worker(arch: str, sizes: List[int], reps: int) -> dict:
         with torch.inference_mode():
             model(x)
             served.clear()
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            base = status_mib("VmRSS")
-            times = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                model(x)
-                times.append(time.perf_counter() - start)
+            seconds, peak, _ = timed_passes(lambda: model(x), reps)
         rows.append(
             {
                 "size": size,
-                "img_s": 1 / min(times),
-                "peak_mb": status_mib("VmHWM") - base,
+                "img_s": 1 / seconds,
+                "peak_mb": peak,
                 "paths": _paths(model, served),
             }
         )
