@@ -174,8 +174,15 @@ def test_a_window_holding_the_grid_is_the_mechanism_itself():
 
 
 # -- a mechanism per stage -----------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", sorted(SMALL))
-@pytest.mark.parametrize("name", vitzoo.list_attentions())
+# PVTv2 (spatial reduction) in the fast run; PVT v1 and Swin (windows) in the slow one
+EVERY_MECHANISM = [
+    pytest.param(arch, name, marks=() if arch == "pvt_v2_b0" else pytest.mark.slow, id=f"{name}-{arch}")
+    for arch in sorted(SMALL)
+    for name in vitzoo.list_attentions()
+]
+
+
+@pytest.mark.parametrize("arch, name", EVERY_MECHANISM)
 def test_every_mechanism_runs_in_every_pyramid_or_refuses_naming_the_stage(arch, name):
     try:
         model = small(arch, attention=name)
