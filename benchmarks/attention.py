@@ -49,6 +49,7 @@ import ctypes
 import functools
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -378,7 +379,10 @@ def pyramid_shapes(args, rate) -> list:
             for mode in MODES:
                 rows.append((heads, head_dim, n, mode, time_case(PYRAMID_MECHANISMS, mode, qkv, dout, args)))
     kernel, ops = PYRAMID_MECHANISMS
-    print(f"\n## pyramid stage shapes, B=1: {kernel} ms, fraction of the floor, {ops} / {kernel}")
+    print(
+        f"\n## pyramid stage shapes, B=1: {kernel} ms, fraction of the floor, {ops} / {kernel} (load average "
+        f"{os.getloadavg()[0]:.1f} after these timings)"
+    )
     print("| heads | head dim | n | mode | ms | fraction of floor | torch ops / kernel |\n" + "|---" * 7 + "|")
     shape = argparse.Namespace(**{**vars(args), "batch": 1})
     for heads, head_dim, n, mode, t in rows:
@@ -497,7 +501,8 @@ def report(args, times, memory, rate) -> None:
     unit = "TFLOP/s sgemm" if args.device.type == "cpu" else "TB/s copy"
     print(
         f"\n# attention, {hw}, B={args.batch} H={args.heads} D={args.head_dim} {str(args.dtype)[6:]} "
-        f"{args.layout}; floor rate {rate / 1e12:.3f} {unit}"
+        f"{args.layout}; floor rate {rate / 1e12:.3f} {unit}; load average (1 min) {args.load[0]:.1f} before the "
+        f"timings, {args.load[1]:.1f} after, {os.cpu_count()} CPUs"
     )
     for name, reason in args.refused.items():
         print(f"not run: {name} ({reason})")
@@ -815,9 +820,11 @@ def main(argv=None) -> None:
         if args.device.type == "cpu"
         else (lambda: copy_bandwidth(args.device))
     )
+    args.load = [os.getloadavg()[0]]  # other processes' share of the cores, reported beside the times
     rate = floor_rate()
     times = time_all(args)
     rate = max(rate, floor_rate())  # measured before and after: the better one is the machine's rate
+    args.load.append(os.getloadavg()[0])
     memory = {} if args.no_memory else memory_all(args, argv)
     report(args, times, memory, rate)
     stem = write_files(args, times, memory, rate)
