@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+import timm
 import torch
 import torch.nn.functional as F
-import timm
+
+import vitzoo
 
 Shapes = Dict[str, Tuple[int, ...]]
 BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
@@ -121,3 +123,36 @@ def check_export_parity(model: torch.nn.Module, size=(64, 64)) -> None:
     with torch.no_grad():
         program = torch.export.export(model, (x,))
         torch.testing.assert_close(program.module()(x), model(x))
+
+
+def check_parameter_count(arch: str, params: int) -> None:
+    """The architecture's own model holds the official model's parameters (within 0.5%)."""
+    model = vitzoo.create_model(arch, attention=None)
+    assert abs(sum(p.numel() for p in model.parameters()) / params - 1) < 0.005
+
+
+def check_gmacs(arch: str, gmacs: float, attention=None) -> None:
+    """FlopCounterMode's GMACs at 224, batch 1, eval, within 2% of the official model's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = vitzoo.create_model(arch, attention=attention).eval()
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(torch.randn(1, 3, 224, 224))
+    assert abs(counter.get_total_flops() / 2e9 / gmacs - 1) < 0.02
+
+
+def load_official_file(arch: str, state: Dict[str, torch.Tensor], path, depths, attention) -> torch.nn.Module:
+    """``state`` (official names) saved to ``path``: timm's ``pretrained_cfg_overlay=dict(file=...)`` loads it, and so
+    does ``init_from`` into a model of ``attention`` (softmax in stages 1-2, the model's own in 3-4: only the swapped
+    stages' attention tensors are new); returns timm's model."""
+    torch.save(state, path)
+    model = timm.create_model(
+        f"vitzoo_{arch}", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), depths=depths, num_classes=5
+    )
+    other = vitzoo.create_model(arch, attention=attention, depths=depths, num_classes=5)
+    report = vitzoo.models.initialise_from(other, path)
+    assert report.loaded and all(".attn." in k for k in report.new)  # only the swapped stages' attention is new
+    later = [k for k in model.state_dict() if k.startswith(("layers.2.", "layers.3."))]
+    assert all(torch.equal(model.state_dict()[k], other.state_dict()[k]) for k in later)
+    return model

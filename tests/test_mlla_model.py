@@ -8,7 +8,6 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 import vitzoo
 from vitzoo.attention import MllaAttention, SoftmaxAttention, RalaAttention
@@ -18,8 +17,11 @@ from staged_checks import (
     bn_shapes,
     check_export_parity,
     check_features,
+    check_gmacs,
+    check_parameter_count,
     check_smp_unet_trains,
     conv,
+    load_official_file,
     conv_shapes,
     grid_axes,
     linear_shapes,
@@ -180,8 +182,7 @@ def test_full_size_official_layout_loads_strictly_and_its_count_is_the_official_
 
 @pytest.mark.parametrize("arch, params", [("mlla_tiny", 24_392_200), ("mlla_small", 43_015_048)])
 def test_parameter_count_is_the_official_models(arch, params):
-    model = vitzoo.create_model(arch, attention=None)
-    assert abs(sum(p.numel() for p in model.parameters()) / params - 1) < 0.005
+    check_parameter_count(arch, params)
 
 
 def test_attention_parameters_per_stage_are_the_officials():
@@ -196,11 +197,7 @@ def test_attention_parameters_per_stage_are_the_officials():
     "arch, gmacs", [("mlla_tiny", 4.131), pytest.param("mlla_small", 7.249, marks=pytest.mark.slow)]
 )
 def test_flops_at_224_are_the_official_models(arch, gmacs):
-    model = vitzoo.create_model(arch, attention=None).eval()
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(torch.randn(1, 3, 224, 224))
-    assert abs(counter.get_total_flops() / 2e9 / gmacs - 1) < 0.02
+    check_gmacs(arch, gmacs)
 
 
 def test_any_mechanism_per_stage_and_per_block():
@@ -225,19 +222,10 @@ def test_smp_unet_encoder_trains_one_step():
     check_smp_unet_trains("vitzoo_mlla_tiny")
 
 
-def test_saved_state_dict_loads_as_pretrained_file(tmp_path):
-    """timm's ``pretrained_cfg_overlay=dict(file=...)`` loads an official-layout state dict (vitzoo's init_from
-    reads ViT checkpoints only)."""
+def test_saved_state_dict_loads_as_pretrained_file_and_through_init_from(tmp_path):
     depths = (1, 1, 1, 1)
     sd = {k: v.float() for k, v in random_state(official_shapes(64, depths, TINY["num_heads"], classes=5)).items()}
-    torch.save(sd, tmp_path / "mlla.pth")
-    model = timm.create_model(
-        "vitzoo_mlla_tiny",
-        pretrained=True,
-        pretrained_cfg_overlay=dict(file=str(tmp_path / "mlla.pth")),
-        depths=depths,
-        num_classes=5,
-    )
+    model = load_official_file("mlla_tiny", sd, tmp_path / "mlla.pth", depths, ["softmax", "softmax", "mlla", "mlla"])
     torch.testing.assert_close(
         model.layers[2].blocks[0].attn.in_proj.proj.weight, sd["layers.2.blocks.0.attn.qk.weight"]
     )

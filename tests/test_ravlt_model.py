@@ -9,7 +9,6 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 import vitzoo
 from vitzoo.attention import RalaAttention, RavltSoftmaxAttention, SoftmaxAttention, build_attention
@@ -19,10 +18,13 @@ from staged_checks import (
     bn_shapes,
     check_export_parity,
     check_features,
+    check_gmacs,
+    check_parameter_count,
     check_smp_unet_trains,
     conv,
     conv_shapes,
     grid_axes,
+    load_official_file,
     parameter_count,
     random_state,
     rotate_pairs,
@@ -200,8 +202,7 @@ def test_full_size_official_layout_loads_strictly_and_its_count_is_the_official_
 
 @pytest.mark.parametrize("arch, params", [("ravlt_tiny", 14_897_768), ("ravlt_small", 25_591_208)])
 def test_parameter_count_is_the_official_models(arch, params):
-    model = vitzoo.create_model(arch, attention=None)
-    assert abs(sum(p.numel() for p in model.parameters()) / params - 1) < 0.005
+    check_parameter_count(arch, params)
 
 
 def test_stage_mechanisms_and_attention_parameters_are_the_officials():
@@ -225,11 +226,7 @@ def test_stage_mechanisms_and_attention_parameters_are_the_officials():
 def test_flops_at_224_are_the_official_models(arch, gmacs):
     """Counted as PYRAMIDS.md section 7 counts the official model: the softmax stages' matrices formed (fused off)."""
     spec = {"name": "ravlt_softmax", "fused": False}
-    model = vitzoo.create_model(arch, attention=["rala", "rala", spec, spec]).eval()
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(torch.randn(1, 3, 224, 224))
-    assert abs(counter.get_total_flops() / 2e9 / gmacs - 1) < 0.02
+    check_gmacs(arch, gmacs, attention=["rala", "rala", spec, spec])
 
 
 def test_any_mechanism_per_stage():
@@ -246,20 +243,12 @@ def test_smp_unet_encoder_trains_one_step():
     check_smp_unet_trains("vitzoo_ravlt_tiny")
 
 
-def test_saved_state_dict_loads_as_pretrained_file(tmp_path):
-    """timm's ``pretrained_cfg_overlay=dict(file=...)`` loads an official-layout state dict (vitzoo's init_from
-    reads ViT checkpoints only)."""
+def test_saved_state_dict_loads_as_pretrained_file_and_through_init_from(tmp_path):
     depths = (1, 1, 1, 1)
     sd = random_state(official_shapes(TINY["embed_dims"], depths, TINY["num_heads"], classes=5))
     sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
-    torch.save(sd, tmp_path / "ravlt.pth")
-    model = timm.create_model(
-        "vitzoo_ravlt_tiny",
-        pretrained=True,
-        pretrained_cfg_overlay=dict(file=str(tmp_path / "ravlt.pth")),
-        depths=depths,
-        num_classes=5,
-    )
+    own = {"name": "ravlt_softmax", "kernel_size": 5}
+    model = load_official_file("ravlt_tiny", sd, tmp_path / "ravlt.pth", depths, ["softmax", "softmax", own, own])
     attn = model.layers[2].blocks[0].attn
     torch.testing.assert_close(attn.gate.weight, sd["layers.2.blocks.0.attn.qkvo.weight"][3 * 256 :, :, 0, 0])
 

@@ -3,7 +3,10 @@ through timm's ``build_model_with_cfg`` (the local-dir weights check, the varian
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import torch.nn as nn
+from timm.layers import trunc_normal_
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg
@@ -12,7 +15,7 @@ from .default_cfg import ZOO_CFG
 from .local_dir import verify_local_dir
 from .registry import timm_name
 
-__all__ = ["imagenet_cfg", "build_pyramid"]
+__all__ = ["imagenet_cfg", "build_pyramid", "trunc_normal_init"]
 
 
 def imagenet_cfg(**kwargs) -> Dict[str, Any]:
@@ -58,3 +61,16 @@ def build_pyramid(
         feature_cfg={**feature_cfg, "out_indices": out_indices},
         **kwargs,
     )
+
+
+def trunc_normal_init(module: nn.Module, kinds: Tuple[type, ...] = (nn.Linear,)) -> None:
+    """The official codes' init (``model.apply``): weights of ``kinds`` trunc-normal (std 0.02) with bias 0,
+    LayerNorms 1 / 0; every other module as PyTorch makes it."""
+    if isinstance(module, kinds):
+        layer: Any = module  # a Linear or conv: weight and bias
+        trunc_normal_(layer.weight, std=0.02)
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

@@ -14,12 +14,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from timm.layers import trunc_normal_
 
 from vitzoo.attention import AttentionSpec, attention_layer
 from vitzoo.attention.stack import stage_specs
 from .blocks import MllaBlock
-from .builders import build_pyramid, imagenet_cfg
+from .builders import build_pyramid, imagenet_cfg, trunc_normal_init
 from .registry import zoo_cfgs, zoo_model
 from .staged import Stage, StagedNet, drop_path_rates, stage_grids
 
@@ -148,7 +147,9 @@ class Mlla(StagedNet):
         self.num_features = self.head_hidden_size = dims[-1]
         self.norm: nn.Module = norm(dims[-1])
         self.head: nn.Module = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(_init_weights)
+        self.apply(
+            trunc_normal_init
+        )  # the official init: Linear layers and LayerNorms (convs, BN as PyTorch makes them)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = self.norm(x.flatten(2).transpose(1, 2)).mean(dim=1)
@@ -166,17 +167,6 @@ class Mlla(StagedNet):
     def drop_head(self) -> None:
         self.norm = nn.Identity()
         self.reset_classifier(0)
-
-
-def _init_weights(module: nn.Module) -> None:
-    """The official init: Linear trunc-normal (std 0.02) with bias 0, LN 1 / 0; convs and BN keep PyTorch's."""
-    if isinstance(module, nn.Linear):
-        trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 MLLA_CFG = imagenet_cfg(pool_size=(7, 7), crop_pct=0.875, first_conv="patch_embed.conv1.conv", classifier="head")

@@ -2,27 +2,27 @@
 (``create_model("pvt_v2_b0", attention=..., init_from=...)``).
 
 The source is ``timm:<model>.<tag>`` (timm's PVTv2 / Swin, downloaded as ``timm.create_model`` does), a state dict file
-(timm's or the official PVT v1 layout) or a vitzoo export folder. Tensors of the same name and shape are copied: patch
-embeddings, position tables, norms, MLPs, merging, the head when the class count matches. Each attention layer reads
-the source's projections as it reads timm's names (``q`` + ``kv`` or ``qkv`` as its q, k, v rows, PVT's ``sr`` /
-``norm`` as its spatial reduction, Swin's bias table as ``rel_table``); what only the mechanism has keeps its own
-initialisation, and what the mechanism does not use stays unused (both in the one line logged).
+(timm's or the official layout) or a vitzoo export folder. Tensors of the same name and shape are copied: patch
+embeddings, position tables, norms, MLPs, merging, the head when the class count matches. Each layer reads the
+source's names as its own load hooks read them (an attention layer: timm's ``q`` + ``kv`` or ``qkv`` as its q, k, v
+rows, PVT's ``sr`` / ``norm`` as its spatial reduction, Swin's bias table as ``rel_table``; MLLA's ``qk``); what only
+the mechanism has keeps its own initialisation, and what it does not use stays unused (both in the one line logged).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Dict, Union
+from typing import Dict, List, Union
 
 import timm
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from vitzoo.attention import ZooAttention, WindowAttention
 from .hub_probe import offline_unless_reachable
 from .local_dir import WEIGHTS_NAME, check_export
 from .pretrained import LoadReport
@@ -41,18 +41,27 @@ def initialise_pyramid(model: nn.Module, source: Union[str, os.PathLike]) -> Loa
     """Load the pretrained pyramid ``source`` into ``model`` in place; logs one line and returns the report."""
     text = os.fspath(source)
     state = _read(text)
-    for name, layer in model.named_modules():  # the names each layer reads (its load hooks, run here to match shapes)
-        if isinstance(layer, ZooAttention):
-            layer._timm_qkv_names(state, f"{name}.")
-            if isinstance(layer, WindowAttention):
-                layer._timm_table_name(state, f"{name}.")
-    own = model.state_dict()
-    fits = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    other_shape: List[str] = []
+
+    def drop_other_shapes(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+        """After the module's own load hooks (its names for timm's / the official tensors): a tensor of another
+        shape than the module's stays unused."""
+        for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+            key = prefix + name
+            if tensor is not None and key in state_dict and state_dict[key].shape != tensor.shape:
+                other_shape.append(key)
+                del state_dict[key]
+
+    trial = copy.deepcopy(model)  # the model itself changes only once the source is known to fit
+    hooks = [m.register_load_state_dict_pre_hook(drop_other_shapes) for m in trial.modules()]
+    missing, unexpected = trial.load_state_dict(state, strict=False)
+    for hook in hooks:
+        hook.remove()
     report = LoadReport(
         text,
-        loaded=sorted(fits),
-        new=sorted(k for k in own if k not in fits),
-        unused=sorted(k for k in state if k not in fits),
+        loaded=sorted(k for k in model.state_dict() if k not in set(missing)),
+        new=sorted(missing),
+        unused=sorted([*unexpected, *other_shape]),
     )
     skeleton = [k for k in report.new if not re.search(r"(^|\.)(attn|head)\.", k)]  # all but attention and head
     if skeleton:
@@ -61,7 +70,7 @@ def initialise_pyramid(model: nn.Module, source: Union[str, os.PathLike]) -> Loa
             f"outside the attention and the head are not in it (e.g. {skeleton[0]}); give the same architecture's "
             f"softmax weights: {PYRAMID_SOURCES}"
         )
-    model.load_state_dict(fits, strict=False)
+    model.load_state_dict(trial.state_dict())
     log.info(str(report))
     return report
 

@@ -22,7 +22,7 @@ from vitzoo.attention import ZooAttention, attention_layer
 from vitzoo.attention.base import share_grid
 from vitzoo.attention.grid import Layout, resample_tokens
 from .pyramid import stage_attention, with_defaults, zoo_layers
-from .builders import build_pyramid, imagenet_cfg
+from .builders import build_pyramid, imagenet_cfg, trunc_normal_init
 from .registry import zoo_cfgs, zoo_model
 
 __all__ = ["PyramidVisionTransformer", "PVT_ARCHS"]
@@ -123,7 +123,7 @@ class PyramidVisionTransformer(nn.Module):
             trunc_normal_(getattr(self, f"pos_embed{s + 1}"), std=0.02)
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=0.02)
-        self.apply(_init_weights)
+        self.apply(trunc_normal_init)  # PVT's: Linear layers and LayerNorms
 
     def _built(self, stage: int) -> Layout:
         layer = next(iter(zoo_layers(getattr(self, f"block{stage + 1}"))))
@@ -234,17 +234,6 @@ def _stage_block(spec, stage, dim, heads, mlp_ratio, qkv_bias, proj_drop, attn_d
         )
     except ValueError as err:
         raise ValueError(f"stage {stage + 1} ({dim} channels, {heads} heads): {err}") from None
-
-
-def _init_weights(m: nn.Module) -> None:
-    """PVT's: linear weights truncated-normal (std 0.02), biases 0; LayerNorms 1 and 0; convs as PyTorch makes them."""
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, nn.LayerNorm):
-        nn.init.ones_(m.weight)
-        nn.init.zeros_(m.bias)
 
 
 def _checkpoint_filter(state_dict: dict, model: PyramidVisionTransformer) -> dict:

@@ -9,16 +9,17 @@ RoPE frequencies are the mechanisms' own). docs/pyramids-2024.md.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath
 
 from vitzoo.attention import build_attention
 from vitzoo.attention.stack import stage_specs
-from .builders import build_pyramid, imagenet_cfg
+from .builders import build_pyramid, imagenet_cfg, trunc_normal_init
 from .registry import zoo_cfgs, zoo_model
 from .staged import Stage, StagedNet, drop_path_rates, stage_grids
 
@@ -180,7 +181,7 @@ class Ravlt(StagedNet):
         self.norm: nn.Module = nn.BatchNorm2d(projection)
         self.swish = nn.SiLU()
         self.head: nn.Module = nn.Conv2d(projection, num_classes, 1) if num_classes > 0 else nn.Identity()
-        self.apply(_init_weights)
+        self.apply(partial(trunc_normal_init, kinds=(nn.Conv2d, nn.Linear)))  # the official init: projections are convs
         self.register_load_state_dict_pre_hook(Ravlt._official_names)
 
     def _official_names(self, state_dict: dict, prefix: str, *args) -> None:
@@ -218,18 +219,6 @@ class Ravlt(StagedNet):
     def drop_head(self) -> None:
         self.proj, self.norm = nn.Identity(), nn.Identity()
         self.reset_classifier(0)
-
-
-def _init_weights(module: nn.Module) -> None:
-    """The official init (every projection is a conv there): conv and Linear weights trunc-normal (std 0.02) with
-    bias 0, LN 1 / 0; BN keeps PyTorch's."""
-    if isinstance(module, (nn.Conv2d, nn.Linear)):
-        trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 default_cfgs = zoo_cfgs(
