@@ -1,11 +1,12 @@
-"""The compiled CPU sweeps of the chunked linear-attention path (csrc/linear_attention_cpu.cpp).
+"""The compiled CPU kernel of the chunked linear-attention path (csrc/linear_attention_cpu.cpp).
 
 Built on first use with torch's JIT extension builder (g++ and ninja, about a minute) for the
 instruction set torch itself runs with, once per install and CPU: the build is cached under
 ``TORCH_EXTENSIONS_DIR`` (~/.cache/torch_extensions by default) in a folder named after the source's
 path, so checkouts and venvs sharing the cache do not rebuild each other's. Where it cannot be built
-the torch path runs on plain torch ops instead (about 1.9x slower at 16k tokens on a 2-core AVX2
-machine), after one warning. ``VITZOO_CPU_KERNEL=0`` skips the build and uses the torch ops.
+the torch path runs on plain torch ops instead (1.5-2.5x slower from 3k to 65k tokens on a 2-core
+AVX-512 machine, docs/benchmarks/attention_cpu.txt), after one warning. ``VITZOO_CPU_KERNEL=0`` skips
+the build and uses the torch ops.
 """
 
 from __future__ import annotations
