@@ -206,6 +206,11 @@ def parse_args(argv=None):
     p.add_argument("--case-seconds", type=float, default=30.0, help="fewer reps for cases slower than this")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument(
+        "--kernel-cpu-time",
+        action="store_true",
+        help="CPU: also the compiled kernel on one thread by its CPU time, against an sgemm timed the same way",
+    )
+    p.add_argument(
         "--pyramid",
         action="store_true",
         help="CPU: also the pyramids' stage-1 shapes (1-2 heads, head dims 64 and 32, 3,136-65,536 tokens)",
@@ -391,6 +396,52 @@ def pyramid_shapes(args, rate) -> list:
             f"| {heads} | {head_dim} | {n} | {mode} | {t[kernel] * 1e3:.2f} | {floor / t[kernel]:.2f} | "
             f"{t[ops] / t[kernel]:.2f}x |"
         )
+    return rows
+
+
+def thread_seconds(fn, reps: int) -> float:
+    """The least CPU time of this thread over ``reps`` calls of ``fn`` (after one warm-up): time the thread was not
+    given, on cores shared with other jobs, is not counted."""
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        start = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def kernel_cpu_time(args) -> list:
+    """The compiled CPU kernel called on one thread (B, H, D of the run, elu): its forward and backward by the
+    thread's CPU time, against a 2048^2 sgemm timed the same way (one core's floor); rows of (n, fwd s, bwd s),
+    printed with the fractions of that floor. Other jobs on the cores hardly move these numbers."""
+    from vitzoo.kernels import KERNEL_MAPS
+    from vitzoo.kernels.cpu_kernel import cpu_kernel
+
+    threads, elu, rows = torch.get_num_threads(), KERNEL_MAPS["elu"], []
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(2048, 2048)
+        rate = 2 * 2048**3 / thread_seconds(lambda: a @ a, args.reps)
+        for n in args.sizes:
+            (q, k, v), dout = make_inputs(n, args, requires_grad=False)
+            kernel = cpu_kernel(q, "elu")
+            out, S, z = kernel.forward(q, k, v, elu, 1e-6, 256, 1)
+            grads = [torch.empty_like(x) for x in (q, k, v)]
+            fwd = thread_seconds(lambda: kernel.forward(q, k, v, elu, 1e-6, 256, 1), args.reps)
+            bwd = thread_seconds(lambda: kernel.backward(dout, q, k, v, S, z, elu, 1e-6, *grads, 256, 1), args.reps)
+            rows.append((n, fwd, bwd))
+    finally:
+        torch.set_num_threads(threads)
+    print(
+        f"\n## the CPU kernel on one thread, by its CPU time (min of {args.reps}): fraction of one core's sgemm rate "
+        f"({rate / 1e9:.1f} GFLOP/s, timed the same way), B={args.batch} H={args.heads} D={args.head_dim} elu"
+    )
+    print("| n | fwd ms | fwd fraction | fwd+bwd ms | fwd+bwd fraction |\n" + "|---" * 5 + "|")
+    for n, fwd, bwd in rows:
+        floor_fwd, floor_both = (floor_seconds("linear_torch", n, mode, args, rate) for mode in MODES)
+        both = fwd + bwd
+        print(f"| {n} | {fwd * 1e3:.2f} | {floor_fwd / fwd:.2f} | {both * 1e3:.2f} | {floor_both / both:.2f} |")
     return rows
 
 
@@ -829,6 +880,8 @@ def main(argv=None) -> None:
     report(args, times, memory, rate)
     stem = write_files(args, times, memory, rate)
     print(f"\nwrote {stem}.csv and {stem}.png")
+    if args.kernel_cpu_time and args.device.type == "cpu":
+        kernel_cpu_time(args)
     if args.pyramid and args.device.type == "cpu":
         write_pyramid_csv(stem, pyramid_shapes(args, rate), args, rate)
         print(f"wrote {stem}_pyramid.csv")
