@@ -284,7 +284,10 @@ def test_preset_flops_equal_the_official_models():
 
 
 # -- smp --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["pvt_v2_b0", "swin_tiny", "pvt_tiny"])
+@pytest.mark.parametrize(
+    "arch",
+    [pytest.param("pvt_v2_b0", marks=pytest.mark.slow), "swin_tiny", pytest.param("pvt_tiny", marks=pytest.mark.slow)],
+)
 def test_smp_universal_encoder_trains_a_unet_on_a_vitzoo_pyramid(arch):
     smp = pytest.importorskip("segmentation_models_pytorch")
     torch.manual_seed(0)
@@ -395,7 +398,7 @@ def test_transfer_teaches_a_pyramids_converted_stages_only(tmp_path):
 
 
 # -- dense prediction ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["pvt_tiny", "swin_tiny"])
+@pytest.mark.parametrize("arch", [pytest.param("pvt_tiny", marks=pytest.mark.slow), "swin_tiny"])
 def test_vitzoos_segmentation_takes_a_pyramid_export_and_learns(arch, tmp_path):
     """The export's four levels feed vitzoo's decoder directly (no simple_fpn), Swin's channels-last maps too."""
     from vitzoo.export import export_model
