@@ -2,8 +2,8 @@
 // per forward and one per backward. Each walks every (batch, head) slice in two phases: the state (S = phi(k)^T v,
 // z = sum phi(k)), then the output (or, backward: the query gradients with dS, dz, then the key / value gradients).
 // A phase cuts the slices' tokens into units (with few slices, 1-4 token ranges per thread in each slice, partial
-// sums added in a fixed order) that `threads` threads claim one at a time: a pool of the kernel's own (few slices:
-// no OpenMP region per call, and safe across fork), or ATen's OpenMP threads (many slices, e.g. a training batch).
+// sums added in a fixed order) that `threads` threads claim one at a time: ATen's OpenMP threads, the ones torch's
+// own ops run on (one region per phase), or, in a child of fork, a pool of the kernel's own.
 // A unit walks its tokens in blocks of rows small enough to stay in the core's L2: the feature map, the normaliser
 // and the element-wise work fused into row loops over the block (1 / den folded into the feature rows, so that the
 // products write the results directly), the (block x d x d) products in AVX-512 register tiles where the build
@@ -299,15 +299,19 @@ struct SingleThreadedMkl {
   }
 };
 
-// The kernel's worker threads: run(n, job) calls job(0) on the caller and job(1..n-1) on workers, and returns when
-// all are done (rethrowing a worker's exception). Workers sleep between jobs (spinning costs more than a futex wake
+// The kernel's worker threads for a child of fork, where ATen's OpenMP threads cannot serve (elsewhere the kernel
+// runs on them: threads of its own would share the cores with them while they spin after torch's last op):
+// run(n, job) calls job(0) on the caller and job(1..n-1) on workers, and returns when all are done (rethrowing a
+// worker's exception). Workers sleep between jobs (spinning costs more than a futex wake
 // on a shared 2-core machine). Process-wide, never destroyed (its threads wait for work until the process exits); a
 // child of fork starts without one (threads do not survive fork).
 class Pool {
  public:
+  // Whether this process is a child of fork (whose parent may have run OpenMP regions: libgomp's threads are gone
+  // there, and its next region hangs).
+  static bool forked() { return forked_flag().load(); }
+
   static Pool& get() {
-    static const bool registered = [] { return pthread_atfork(nullptr, nullptr, [] { instance() = nullptr; }) == 0; }();
-    (void)registered;
     std::lock_guard<std::mutex> lock(creation());
     if (instance() == nullptr) instance() = new Pool;
     return *instance();
@@ -348,6 +352,14 @@ class Pool {
     static std::mutex m;
     return m;
   }
+  static std::atomic<bool>& forked_flag() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+  static inline const bool registered_ = pthread_atfork(nullptr, nullptr, [] {
+    instance() = nullptr;
+    forked_flag().store(true);
+  }) == 0;
 
   void serve(int64_t index) {
     if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(1);
@@ -388,9 +400,9 @@ constexpr int64_t kOmpSlicesPerThread = 8;  // this many (batch, head) slices pe
 constexpr int64_t kUnitTokens = 1024;       // with few slices, units of >= this many tokens, up to 4 per thread
 
 // The units of a phase: each slice's tokens [0, n) cut into `parts` near-equal ranges (with few slices, 1-4 per
-// thread; else whole slices), unit u = (slice u / parts, part u % parts). `threads` threads claim units one at a time
-// (a thread slowed by a busy core takes fewer); a unit's partial sums go to its own slot, so the result does not
-// depend on which thread ran it.
+// thread; else whole slices), unit u = (slice u / parts, part u % parts). `threads` threads (ATen's; the pool's in a
+// child of fork) claim units one at a time (a thread slowed by a busy core takes fewer); a unit's partial sums go to
+// its own slot, so the result does not depend on which thread ran it.
 struct Units {
   int64_t slices, parts, n, threads;
   Units(int64_t slices, int64_t n, int64_t threads)
@@ -420,7 +432,7 @@ struct Units {
     };
     if (threads == 1) {
       walk(0);
-    } else if (parts == 1) {
+    } else if (!Pool::forked()) {
       at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) walk(t);
       });
