@@ -190,7 +190,7 @@ def test_cpu_kernel_matches_torch_ops(feature_map, wanted, layout):
 
 
 # The pyramids' stage shapes (1-2 heads of 32 or 64 channels) and awkward ones: token counts no 256-row block or
-# thread split divides, odd head and value dims, and 16 slices (with two threads: ATen's threads, not the pool)
+# thread split divides, odd head and value dims, and 16 slices (two threads: whole slices per unit)
 KERNEL_SHAPES = [
     (1, 1, 3136, 32, 32),
     (1, 2, 1000, 64, 64),
