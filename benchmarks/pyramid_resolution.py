@@ -51,7 +51,10 @@ def _paths(model: torch.nn.Module, served: Dict[int, set]) -> List[str]:
         if not isinstance(layer, LinearAttention) and not hasattr(layer, "impl"):
             out.append(name)
             continue
-        tokens = (layer.token_grid or (0, 0))[0] * (layer.token_grid or (0, 0))[1]
+        h, w = layer.token_grid or (0, 0)
+        if layer.window:  # a windowed layer mixes each window's tokens
+            h, w = min(h, layer.window), min(w, layer.window)
+        tokens = h * w
         out.append(f"{name}: {'/'.join(sorted(served.get(tokens, {'other'})))}")
     return out
 
