@@ -119,6 +119,11 @@ def test_sr_ratio_is_pvts_spatial_reduction_attention():
     torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_an_input_too_small_for_the_reduction_is_one_line():
+    with pytest.raises(ValueError, match="sr_ratio=8 needs a grid of at least 8x8 tokens, and this input gives 4x4"):
+        small("pvt_v2_b0")(torch.randn(1, 3, 16, 16))
+
+
 def test_sr_pool_is_pvt_v2s_linear_reduction_under_linear_attention():
     grid = (6, 6)
     layer = _layer({"name": "linear", "sr_pool": 2, "impl": "eager"}, grid=grid)

@@ -34,6 +34,11 @@ class SpatialReduction(nn.Module):
 
     def forward(self, x: torch.Tensor, grid: Tuple[int, int], num_prefix: int = 0) -> torch.Tensor:
         B, _, C = x.shape
+        if not self.pool and min(grid) < self.ratio:
+            raise ValueError(
+                f"spatial reduction by sr_ratio={self.ratio} needs a grid of at least {self.ratio}x{self.ratio} "
+                f"tokens, and this input gives {grid[0]}x{grid[1]}; give a larger input or a smaller sr_ratio"
+            )
         g = x[:, num_prefix:].transpose(1, 2).reshape(B, C, *grid)
         if self.pool:
             g = F.adaptive_avg_pool2d(g, self.pool)
