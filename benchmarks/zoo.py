@@ -50,7 +50,7 @@ import zoo_plots
 import zoo_results
 import zoo_table
 from zoo_data import resolve_data
-from zoo_plan import BUDGETS, PRESETS, ROOT, Budget, Run, model_overrides, plan, recipe_path
+from zoo_plan import BUDGETS, ROOT, Budget, Run, budget_rows, compose, plan, recipe_data
 from zoo_profile import profile
 
 PHASES = ("train", "profile", "eval", "report")
@@ -76,11 +76,11 @@ def train(runs: List[Run], budget: Budget, data_root: Path, overrides: Sequence[
             sys.executable,
             "train.py",
             f"experiment={budget.experiment}",
-            f"model={run.preset}",
+            f"model={run.row.model}",
             f"seed={run.seed}",
             f"data.root={data_root}",
             f"hydra.run.dir={run.dir}",
-            *model_overrides(budget, run.preset),
+            *run.row.overrides,
             *overrides,
         ]
         if run.last_ckpt.is_file():
@@ -97,13 +97,7 @@ SWEEP_LISTS = ("corruptions", "severities", "logit_noise", "resolutions", "adver
 def wanted_sweep(budget: Budget) -> dict:
     """The lists of the budget's robustness config (``configs/robustness/<name>.yaml`` over its defaults), numbers
     as floats, as eval.py would run them."""
-    from hydra import compose, initialize_config_dir
-
-    from vitzoo.options import register_configs
-
-    register_configs()  # the schemas configs/ builds on
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        rob = compose("eval", overrides=[f"robustness={budget.robustness}"]).robustness
+    rob = compose("eval", [f"robustness={budget.robustness}"]).robustness
     return {k: _as_floats(rob[k]) for k in SWEEP_LISTS}
 
 
@@ -114,8 +108,6 @@ def _as_floats(values) -> list:
 def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Path:
     """One eval.py call over every run's last.ckpt (labels ``<preset>_s<seed>``), into ``work/eval``; done where
     that folder holds an eval of these runs with the sweep the budget's config asks for."""
-    from omegaconf import OmegaConf
-
     out = work / "eval"
     ready = [r for r in runs if (r.dir / "metrics.json").is_file()]  # finished runs only
     if (out / "robustness.json").is_file():
@@ -126,7 +118,7 @@ def evaluate(runs: List[Run], budget: Budget, data_root: Path, work: Path) -> Pa
             return out
     if not ready:
         raise SystemExit("no trained runs to evaluate; run the train phase first")
-    data = OmegaConf.load(recipe_path(budget)).data
+    data = recipe_data(budget)
     data_overrides = [
         f"data.{k}={data[k]}"
         for k in ("img_size", "val_fraction", "split_seed", "eval_batch_size", "num_workers")
@@ -270,11 +262,10 @@ def main(argv=None) -> None:
     if args.merge and "report" not in phases:
         raise SystemExit("--merge joins result files in the report phase; add report to --phases")
     only = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
-    unknown = sorted(set(only or ()) - {preset for _, preset in PRESETS})
+    names = [row.preset for row in budget_rows(budget)]
+    unknown = sorted(set(only or ()) - set(names))
     if unknown:
-        raise SystemExit(
-            f"unknown preset(s) {unknown}; choose from configs/model/: {', '.join(preset for _, preset in PRESETS)}"
-        )
+        raise SystemExit(f"unknown preset(s) {unknown} for the {args.budget} budget; choose from {', '.join(names)}")
     work = (args.work or ROOT / "logs" / "zoo" / args.budget).resolve()
     runs = plan(budget, work, only)
     if "train" in phases or "eval" in phases:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import zoo_results
-from zoo_plan import PRESETS, ROOT, Budget, recipe_path
+from zoo_plan import BUDGETS, ROOT, Budget, budget_rows, recipe_path
 from zoo_results import CORRUPTION_15X5, PGD_2, PGD_CHECK
 
 COLUMNS = ("mechanism", "preset", "seeds", *zoo_results.TABLE_KEYS)
@@ -23,8 +23,8 @@ def mean(values: Sequence[float]) -> float:
 
 
 def order(result: dict) -> tuple:
-    """Rows in the order of the presets (softmax first), then by seed."""
-    presets = [preset for _, preset in PRESETS]
+    """Rows in the order of the budget's rows (softmax first), then by seed."""
+    presets = [row.preset for row in budget_rows(BUDGETS[result["budget"]])]
     return (
         presets.index(result["preset"]) if result["preset"] in presets else len(presets),
         result["preset"],
@@ -119,6 +119,57 @@ def _table(rows: Dict[str, List[dict]], checkpoints: Checkpoints) -> List[str]:
     return lines
 
 
+def _model_sizes(budget: Budget) -> str:
+    if not budget.pyramid:
+        return f"model size: ViT `{budget.vit_kwargs}`, non-local ResNet-18 `{budget.resnet_kwargs or 'full width'}`"
+    models = "; ".join(f"`{row.preset}`: `model={row.model} {' '.join(row.overrides)}`" for row in budget_rows(budget))
+    return f"each row's model: {models}"
+
+
+def beside(results: List[dict], budget: Budget, path: Path = ROOT / "docs" / "zoo") -> List[str]:
+    """The rows of the same mechanism in ``budget.beside``'s table (its results.csv), each under a row of these:
+    val accuracy, 15x5 corruptions and PGD as each table has them (seeds joined by " / ")."""
+    if budget.beside is None:
+        return []
+    source = path / budget.beside / "results.csv"
+    if not source.is_file():
+        return [f"No `{budget.beside}` table to set these rows beside ({source.relative_to(ROOT)} is missing).", ""]
+    with open(source) as f:
+        other: Dict[str, List[dict]] = {}
+        for line in csv.DictReader(f):
+            other.setdefault(line["preset"], []).append(line)
+    mechanisms = {row.preset: row.mechanism for row in budget_rows(budget)}
+    keys = ("val acc", CORRUPTION_15X5, PGD_2)
+
+    def pct(value) -> str:
+        try:
+            return f"{100 * float(value):.1f}"
+        except (TypeError, ValueError):
+            return str(value) if value else "-"
+
+    lines = [
+        f"## Beside the `{budget.beside}` budget's row of the same mechanism",
+        "",
+        "| row | preset | seeds | " + " | ".join(keys) + " |",
+        "|---|---|---|" + "---|" * len(keys),
+    ]
+    for preset, runs in by_preset(results).items():
+        lines.append(
+            f"| {runs[0]['label']} | `{preset}` | {','.join(str(r['seed']) for r in runs)} | "
+            + " | ".join(" / ".join(pct(r["row"].get(k)) for r in runs) for k in keys)
+            + " |"
+        )
+        vit = other.get(mechanisms.get(preset) or "", [])
+        if vit:
+            lines.append(
+                f"| beside it: {vit[0]['mechanism']} | `{vit[0]['preset']}` ({budget.beside}) | "
+                f"{','.join(v['seed'] for v in vit)} | "
+                + " | ".join(" / ".join(pct(v[k]) for v in vit) for k in keys)
+                + " |"
+            )
+    return [*lines, ""]
+
+
 def write_markdown(
     results: List[dict],
     budget_name: str,
@@ -145,8 +196,7 @@ def write_markdown(
         f"{time.strftime('%Y-%m-%d')}. {_provenance(results)}",
         "",
         f"Recipe: `{exp}`" + (f" with `{' '.join(extra)}`" if extra else "") + " (same data split, seed, "
-        "augmentation, optimiser and epochs for every row); model size: "
-        f"ViT `{budget.vit_kwargs}`, non-local ResNet-18 `{budget.resnet_kwargs or 'full width'}`.",
+        f"augmentation, optimiser and epochs for every row); {_model_sizes(budget)}.",
         f"Robustness columns: eval.py with `robustness={budget.robustness}` on the first "
         f"{budget.eval_images or 'all'} val images (Gaussian noise severities {sweep.get('severities')}, protocol "
         f"{sweep.get('protocol') or 'by size'}; logit-noise sigma in {sweep.get('logit_noise')}; inputs at "
@@ -178,6 +228,7 @@ def write_markdown(
             "`--phases eval,report` measures them.",
             "",
         ]
+    text += beside(results, budget)
     text += ["![summary](summary.png)", ""]
     if curves:
         adversarial = " ![adversarial](adversarial.png)" if "adversarial.png" in drawn else ""

@@ -13,6 +13,7 @@ import csv
 import math
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -42,9 +43,12 @@ def recipe_of(e: int) -> List[str]:
 
 
 def presets() -> List[str]:
-    """Every model preset, vit_softmax first (the probe)."""
-    names = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
-    return sorted(names, key=lambda n: n != "vit_softmax")
+    """The gpu budget's rows (benchmarks/zoo_plan.py: every ViT and non-local ResNet preset), vit_softmax first (the
+    probe)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from zoo_plan import BUDGETS, budget_rows
+
+    return [row.preset for row in budget_rows(BUDGETS["gpu"])]
 
 
 def probe_rate(log: Path) -> float:
