@@ -21,7 +21,7 @@ from gpukit import wheels as W
 from gpukit.imports import imported, run_imports, unmet
 from gpukit.phases import KERNEL_RUNS, pytest_result
 from gpukit.steps import Step, Steps
-from gpukit.zoo import epochs
+from gpukit.zoo import epochs, presets
 
 
 def test_every_module_a_kit_run_imports_is_on_the_gpu_machine_or_among_the_kit_wheels():
@@ -32,6 +32,12 @@ def test_every_module_a_kit_run_imports_is_on_the_gpu_machine_or_among_the_kit_w
         for name, why in unmet(imports).items()
     }
     assert not problems, problems
+
+
+def test_the_gpu_zoo_trains_the_vit_and_resnet_presets_with_the_probe_first():
+    names = presets()
+    assert names[0] == "vit_softmax" and "nonlocal_resnet_linear" in names
+    assert not [n for n in names if not n.startswith(("vit_", "nonlocal_"))]  # pyramids have a budget of their own
 
 
 def test_unmet_names_a_module_nobody_provides():
