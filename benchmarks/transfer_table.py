@@ -1,6 +1,9 @@
-"""Attention transfer at the zoo's cpu budget: a softmax teacher, then per mechanism the student as loaded,
-after stage 1 and after stage 2, set beside the same mechanism trained from scratch (docs/zoo/cpu/results.csv),
-and the robustness the converted network keeps beside its teacher's.
+"""Attention transfer at a zoo budget: the budget's softmax row as the teacher, then per mechanism (another row of
+the budget) the student as loaded, after stage 1 and after stage 2, set beside the same row trained from scratch
+(the zoo's result files, docs/zoo/<budget>/per-run/<preset>-s0.json), and the robustness the converted network
+keeps beside its teacher's. ``--budget cpu`` (default): the cpu ViTs (teacher vit_softmax); ``--budget pyramid``:
+PVTv2-b0 at 64 px with one mechanism in every stage (teacher pvt_v2_b0_softmax; only the stages whose mechanism
+differs from the teacher's are converted).
 
     python benchmarks/transfer_table.py --data <dir holding train/> --work logs/transfer \\
         --presets vit_linear,vit_hedgehog --stage1 0.25 --stage2 0.5          # train what is missing, then report
@@ -8,14 +11,19 @@ and the robustness the converted network keeps beside its teacher's.
         --tag distill --override transfer.distill=1.0                           # a variant, in vit_linear-distill/
     python benchmarks/transfer_table.py --work logs/transfer --phases report \\
         --presets vit_linear,vit_linear-distill                                  # the table, CSV and plot only
+    python benchmarks/transfer_table.py --budget pyramid --data <dir> --work logs/transfer-pyramid \\
+        --teacher logs/zoo/pyramid/pvt_v2_b0_softmax/seed0 --out docs/zoo/transfer/pyramid \\
+        --presets pvt_v2_b0_linear,pvt_v2_b0_focused_linear --stage1 0.25 --stage2 0.5   # the zoo's run as teacher
 
-Work folder: ``teacher/`` (vit_softmax, experiment=zoo_cpu, ``--teacher-epochs``; its ``export/`` is every student's
-``model.init_from``), ``<preset>/loaded.json`` (the stage-1 run's starting student on the val split),
-``<preset>/stage1/`` and ``<preset>/stage2/`` (train.py runs, experiment=transfer_cpu). ``--stage1`` / ``--stage2``
-are epochs of training images (a fraction runs as trainer.limit_train_batches). ``--tag T --override K=V ...``
-trains a variant of each preset (the overrides added to its loaded student and both stages) into ``<preset>-T/``,
-from the same teacher; its report sets each variant row under its plain run's, and a report-only call takes such
-names in ``--presets``. A run with a metrics.json is done; one with a last.ckpt resumes. Each run's wall time
+Work folder: ``teacher/`` (the budget's softmax row, its recipe, ``--teacher-epochs``; its ``export/`` is every
+student's ``model.init_from``; ``--teacher <run dir>`` takes a finished train.py run instead, e.g. the zoo's own,
+and ``teacher/`` then holds only its robustness record), ``<preset>/loaded.json`` (the stage-1 run's starting
+student on the val split), ``<preset>/stage1/`` and ``<preset>/stage2/`` (train.py runs of the row's model and
+overrides, experiment=transfer_<budget>: the budget's recipe with experiment=transfer's options). ``--stage1`` /
+``--stage2`` are epochs of training images (a fraction runs as trainer.limit_train_batches). ``--tag T --override
+K=V ...`` trains a variant of each preset (the overrides added to its loaded student and both stages) into
+``<preset>-T/``, from the same teacher; its report sets each variant row under its plain run's, and a report-only call
+takes such names in ``--presets``. A run with a metrics.json is done; one with a last.ckpt resumes. Each run's wall time
 (``wall_s.json``) sums its attempts. The ``robustness`` phase runs eval.py on the teacher's and each finished stage
 2's best checkpoint (the 15 benchmark corruptions x 5 severities and PGD L-inf 2/255 on the first 1,000 images of
 the val split they trained on) into ``teacher/robustness/`` and ``<preset>/robustness/``; one with a robustness.json
@@ -36,13 +44,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-from zoo import run_logged  # noqa: E402  (sibling script modules)
-from zoo_plan import BUDGETS, model_overrides, zoo_presets  # noqa: E402
+import zoo_results  # noqa: E402  (sibling script modules)
+from zoo import run_logged  # noqa: E402
+from zoo_plan import BUDGETS, Row, budget_rows  # noqa: E402
 
-BUDGET = BUDGETS["cpu"]
 PHASES = ("teacher", "loaded", "stage1", "stage2", "robustness", "report")
-SCRATCH = ROOT / "docs" / "zoo" / "cpu" / "results.csv"
-SCRATCH_IMAGES = 89_856  # the zoo's cpu budget: 2 epochs x 351 steps x 128 images
+TEACHER_MECHANISM = "vit_softmax"  # the teacher is the budget's row of this mechanism
 ROBUSTNESS_IMAGES = 1000  # the first val images of the split the runs trained on
 PGD_EPS = 2  # PGD L-inf radius in grey levels of 255
 SEED = 0  # every run's, and the loaded student's
@@ -73,13 +80,51 @@ def _train(run_dir: Path, args: List[str]) -> None:
     print(f"[train] {run_dir}: {time.time() - start:.0f} s", flush=True)
 
 
-def stage_args(preset: str, data: Path, teacher: Path, overrides: Sequence[str] = ()) -> List[str]:
+def rows_of(budget: str) -> Dict[str, Row]:
+    """The budget's zoo rows by preset (its table's names: vit_linear, pvt_v2_b0_linear ...)."""
+    return {row.preset: row for row in budget_rows(BUDGETS[budget])}
+
+
+def teacher_row(budget: str) -> Row:
+    """The budget's softmax row: what the teacher is (vit_softmax; pvt_v2_b0_softmax for the pyramid budget)."""
+    return next(row for row in rows_of(budget).values() if (row.mechanism or row.preset) == TEACHER_MECHANISM)
+
+
+def row_of(budget: str, preset: str) -> Row:
+    rows = rows_of(budget)
+    if preset not in rows:
+        raise SystemExit(f"{preset}: not a row of the {budget} budget; choose from {', '.join(rows)}")
+    return rows[preset]
+
+
+def transfer_experiment(budget: str) -> str:
+    """The transfer recipe of ``budget``: configs/experiment/transfer_<cpu|pyramid>.yaml, its zoo recipe with
+    experiment=transfer's options."""
+    return "transfer_" + BUDGETS[budget].experiment[len("zoo_") :]
+
+
+def teacher_args(budget: str, data: Path, epochs: float) -> List[str]:
+    """train.py arguments of the teacher the harness trains: the budget's softmax row as the zoo trains it."""
+    row = teacher_row(budget)
     return [
-        "experiment=transfer_cpu",
-        f"model={preset}",
+        f"experiment={BUDGETS[budget].experiment}",
+        f"model={row.model}",
+        f"data.root={data}",
+        *row.overrides,
+        *epoch_overrides(epochs),
+    ]
+
+
+def stage_args(preset: str, data: Path, teacher: Path, overrides: Sequence[str] = (), budget: str = "cpu") -> List[str]:
+    """train.py arguments both stages (and the loaded student) share: the row's model and overrides under the
+    budget's transfer recipe, started from the teacher's export."""
+    row = row_of(budget, preset)
+    return [
+        f"experiment={transfer_experiment(budget)}",
+        f"model={row.model}",
         f"data.root={data}",
         f"model.init_from={teacher / 'export'}",
-        *model_overrides(BUDGET, preset),
+        *row.overrides,
         *overrides,
     ]
 
@@ -95,7 +140,9 @@ def split_name(name: str) -> Tuple[str, str]:
     return preset, tag
 
 
-def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides: Sequence[str] = ()) -> None:
+def evaluate_loaded(
+    preset: str, data: Path, teacher: Path, out: Path, overrides: Sequence[str] = (), budget: str = "cpu"
+) -> None:
     """Val accuracy of the student stage 1 starts from (and of its teacher): built, seeded, as train.py builds it,
     so that a mechanism's randomly initialised parameters are the stage-1 run's."""
     if out.is_file():
@@ -111,7 +158,8 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides
     register_configs()  # the schemas configs/ builds on
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(
-            "train", overrides=[f"seed={SEED}", *stage_args(preset, data, teacher, overrides), "transfer.stage=1"]
+            "train",
+            overrides=[f"seed={SEED}", *stage_args(preset, data, teacher, overrides, budget), "transfer.stage=1"],
         )
     datamodule, module = build_run(cfg)
     datamodule.setup("fit")
@@ -135,14 +183,14 @@ def evaluate_loaded(preset: str, data: Path, teacher: Path, out: Path, overrides
     print(f"[loaded] {preset}: {student['acc1']:.4f} (teacher as loaded {teacher_scores['acc1']:.4f})", flush=True)
 
 
-def evaluate_robustness(label: str, run: Path, data: Path) -> None:
-    """eval.py on ``run``'s best checkpoint into ``run.parent / "robustness"`` (labelled ``label``): the 15
+def evaluate_robustness(label: str, run: Path, data: Path, out: Optional[Path] = None) -> None:
+    """eval.py on ``run``'s best checkpoint into ``out`` (default: ``robustness_dir(run)``; labelled ``label``): the 15
     benchmark corruptions x 5 severities and PGD L-inf ``PGD_EPS``/255 on the first ``ROBUSTNESS_IMAGES`` images
     of the val split ``run`` trained on (its recorded val_fraction and split_seed). Done when robustness.json is
     there; an unfinished run is skipped."""
     from omegaconf import OmegaConf
 
-    out = robustness_dir(run)
+    out = out or robustness_dir(run)
     if (out / "robustness.json").is_file():
         print(f"[done] {out}", flush=True)
         return
@@ -208,19 +256,35 @@ def _read(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def scratch_accuracy() -> Dict[str, float]:
-    """Seed-0 val accuracy of each preset in the zoo's cpu table (trained from scratch, 2 epochs)."""
-    with open(SCRATCH) as f:
-        return {row["preset"]: float(row["val acc"]) for row in csv.DictReader(f) if row["seed"] == "0"}
+def scratch_dir(budget: str) -> Path:
+    """The zoo's result files of ``budget`` (docs/zoo/<budget>/per-run): the from-scratch rows."""
+    return ROOT / "docs" / "zoo" / budget / "per-run"
 
 
-def robustness_cells(run: Path, label: str) -> Dict[str, object]:
+def scratch_accuracy(budget: str = "cpu") -> Dict[str, float]:
+    """Seed-0 val accuracy of each row of the budget's zoo table (trained from scratch, the budget's recipe), as its
+    result files hold it (the rows finished so far)."""
+    results = zoo_results.load_all(scratch_dir(budget), budget)
+    return {r["preset"]: float(r["row"]["val acc"]) for r in results if r["seed"] == 0}
+
+
+def scratch_images(budget: str = "cpu") -> Optional[int]:
+    """Training images of a from-scratch row (global steps x batch size, from a result file that records them):
+    89,856 for the cpu and pyramid budgets (2 epochs x 351 steps x 128); None before any has."""
+    for r in zoo_results.load_all(scratch_dir(budget), budget):
+        step, batch = (r.get("metrics") or {}).get("global_step"), (r.get("profile") or {}).get("batch_size")
+        if step and batch:
+            return int(step * batch)
+    return None
+
+
+def robustness_cells(run: Path, label: str, record: Optional[Path] = None) -> Dict[str, object]:
     """The two robustness columns of ``run`` (accuracies in [0, 1]) from its robustness phase's record, or what
     stands in for them: "no checkpoint" (the run has not finished), "not evaluated" (no record), "attack check
     failed" (the PGD guards of eval.py flagged the attack)."""
     if not (run / "metrics.json").is_file():
         return dict.fromkeys(ROBUSTNESS, "no checkpoint")
-    record = _read(robustness_dir(run) / "robustness.json")
+    record = _read((record or robustness_dir(run)) / "robustness.json")
     if record is None or label not in record["summary"]:
         return dict.fromkeys(ROBUSTNESS, "not evaluated")
     summary = record["summary"][label]
@@ -234,12 +298,15 @@ def robustness_cells(run: Path, label: str) -> Dict[str, object]:
     }
 
 
-def collect(work: Path, names: List[str]) -> List[dict]:
-    """One row per run name (a preset, or ``<preset>-<tag>`` for a variant) that has a loaded student or a stage 1."""
-    labels = dict((preset, label) for label, preset in zoo_presets())
-    teacher = _read(work / "teacher" / "metrics.json")
-    teacher_robustness = dict(zip(TEACHER_ROBUSTNESS, robustness_cells(work / "teacher", "teacher").values()))
-    scratch = scratch_accuracy()
+def collect(work: Path, names: List[str], budget: str = "cpu", teacher_dir: Optional[Path] = None) -> List[dict]:
+    """One row per run name (a preset, or ``<preset>-<tag>`` for a variant) that has a loaded student or a stage 1.
+    ``teacher_dir``: the teacher's run (default: the work folder's ``teacher/``)."""
+    labels = {preset: row.label for preset, row in rows_of(budget).items()}
+    teacher_dir = teacher_dir or work / "teacher"
+    teacher = _read(teacher_dir / "metrics.json")
+    cells = robustness_cells(teacher_dir, "teacher", work / "teacher" / "robustness")
+    teacher_robustness = dict(zip(TEACHER_ROBUSTNESS, cells.values()))
+    scratch = scratch_accuracy(budget)
     rows = []
     for name in names:
         preset, tag = split_name(name)
@@ -277,12 +344,12 @@ def _cell(key: str, value) -> str:
     return f"{value:.1f}"
 
 
-def teacher_training(work: Path) -> Optional[str]:
-    """What the teacher was trained on, from its run: "2 epochs, 89,856 training images" (an epoch limited to a
-    fraction of its batches says so); None before it has finished."""
+def teacher_training(teacher_dir: Path) -> Optional[str]:
+    """What the teacher (the train.py run ``teacher_dir``) was trained on: "2 epochs, 89,856 training images" (an
+    epoch limited to a fraction of its batches says so); None before it has finished."""
     from omegaconf import OmegaConf
 
-    metrics, config = _read(work / "teacher" / "metrics.json"), work / "teacher" / ".hydra" / "config.yaml"
+    metrics, config = _read(teacher_dir / "metrics.json"), teacher_dir / ".hydra" / "config.yaml"
     if metrics is None or not config.is_file():
         return None
     cfg = OmegaConf.load(config)
@@ -293,14 +360,19 @@ def teacher_training(work: Path) -> Optional[str]:
     return f"{epochs}, {metrics['global_step'] * cfg.data.batch_size:,} training images"
 
 
-def _notes(work: Path) -> List[str]:
+def _scratch_source(budget: str) -> str:
+    images = scratch_images(budget)
+    return f"docs/zoo/{budget}" + (f", {images:,} training images" if images else "")
+
+
+def _notes(work: Path, budget: str, teacher_dir: Path) -> List[str]:
     """The lines under the table: the teacher as trained, and what the robustness columns measure."""
-    teacher, lines = teacher_training(work), []
+    teacher, lines = teacher_training(teacher_dir), []
     if teacher is not None:
-        best = _read(work / "teacher" / "metrics.json")["best_score"]
+        best = _read(teacher_dir / "metrics.json")["best_score"]
         lines.append(
-            f"- teacher: vit_softmax, {teacher}, val top-1 {best:.1%} (its best checkpoint, which every "
-            f"student loads); from scratch: docs/zoo/cpu, {SCRATCH_IMAGES:,} training images"
+            f"- teacher: {teacher_row(budget).preset}, {teacher}, val top-1 {best:.1%} (its best checkpoint, which "
+            f"every student loads); from scratch: {_scratch_source(budget)}"
         )
     lines.append(
         f"- {ROBUSTNESS[0]}, {ROBUSTNESS[1]}: `eval.py robustness=benchmark` on the best checkpoint of "
@@ -312,7 +384,10 @@ def _notes(work: Path) -> List[str]:
     return lines
 
 
-def write_report(rows: List[dict], out: Path, work: Path) -> None:
+def write_report(
+    rows: List[dict], out: Path, work: Path, budget: str = "cpu", teacher_dir: Optional[Path] = None
+) -> None:
+    teacher_dir = teacher_dir or work / "teacher"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -320,14 +395,14 @@ def write_report(rows: List[dict], out: Path, work: Path) -> None:
         writer.writerows(rows)
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(k, row[k]) for k in COLUMNS) + " |" for row in rows]
-    lines += ["", *_notes(work)]
+    lines += ["", *_notes(work, budget, teacher_dir)]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     if rows:
-        plot(rows, out / "transfer.png", work)
+        plot(rows, out / "transfer.png", work, budget, teacher_dir)
     print("\n".join(lines))
 
 
-def plot(rows: List[dict], path: Path, work: Path) -> None:
+def plot(rows: List[dict], path: Path, work: Path, budget: str, teacher_dir: Path) -> None:
     """Val accuracy per stage beside from scratch and the teacher; below it, where the robustness phase ran, each
     converted network's robustness beside its teacher's."""
     import matplotlib
@@ -347,10 +422,11 @@ def plot(rows: List[dict], path: Path, work: Path) -> None:
     loaded = _read(work / rows[0]["preset"] / "loaded.json")
     ax.set_ylabel(f"val top-1 (%), {loaded['num_images']:,} images" if loaded else "val top-1 (%)")
     images = _images(work, rows[0]["preset"])
+    teacher_preset = teacher_row(budget).preset
     ax.set_title(
-        f"Attention transfer from a softmax ViT, CIFAR-10 JPEG split, 32 px\ntraining images: stage 1 "
-        f"{images[0]:,} + stage 2 {images[1]:,}; from scratch (docs/zoo/cpu) {SCRATCH_IMAGES:,}\n"
-        f"teacher (vit_softmax): {teacher_training(work) or 'not finished'}",
+        f"Attention transfer from {teacher_preset}, CIFAR-10 JPEG split, {_img_size(work, rows[0]['preset'])} px\n"
+        f"training images: stage 1 {images[0]:,} + stage 2 {images[1]:,}; from scratch: {_scratch_source(budget)}\n"
+        f"teacher ({teacher_preset}): {teacher_training(teacher_dir) or 'not finished'}",
         fontsize=9,
     )
     ax.legend(fontsize=7, ncol=3, loc="upper left")
@@ -394,6 +470,14 @@ def _bars(ax, rows: List[dict], series, interval=None) -> None:
     ax.set_ylim(0, 100)
 
 
+def _img_size(work: Path, preset: str) -> object:
+    """The input size the row's stage 1 trained at ("?" before it has run)."""
+    from omegaconf import OmegaConf
+
+    config = work / preset / "stage1" / ".hydra" / "config.yaml"
+    return OmegaConf.load(config).data.img_size if config.is_file() else "?"
+
+
 def _images(work: Path, preset: str) -> List[int]:
     """Training images each stage saw: global steps x the batch size, from its metrics.json and config."""
     from omegaconf import OmegaConf
@@ -411,7 +495,16 @@ def _images(work: Path, preset: str) -> List[int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="the CIFAR-10 JPEG tree (a folder holding train/<class>/*.jpg)")
+    p.add_argument(
+        "--budget", default="cpu", choices=("cpu", "pyramid"), help="the zoo budget: its rows, recipe, teacher"
+    )
     p.add_argument("--work", type=Path, default=ROOT / "logs" / "transfer")
+    p.add_argument(
+        "--teacher",
+        type=Path,
+        help="a finished train.py run of the budget's softmax row (e.g. the zoo's) to use as the teacher, "
+        "instead of training <work>/teacher",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "zoo" / "transfer")
     p.add_argument("--presets", default="vit_linear,vit_hedgehog", help="comma-separated model presets, in order")
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}")
@@ -437,26 +530,23 @@ def main() -> None:
         raise SystemExit(f"--tag={args.tag!r}: use letters, digits and _ only (the folder is <preset>-<tag>)")
     if set(phases) - {"report"} and (args.data is None or not (args.data / "train").is_dir()):
         raise SystemExit(f"--data={args.data}: give the folder holding train/<class>/*.jpg")
-    work, teacher = args.work.resolve(), args.work.resolve() / "teacher"
-    if "teacher" in phases:
-        _train(
-            teacher,
-            [
-                "experiment=zoo_cpu",
-                "model=vit_softmax",
-                f"data.root={args.data}",
-                *model_overrides(BUDGET, "vit_softmax"),
-                *epoch_overrides(args.teacher_epochs),
-            ],
-        )
+    budget = args.budget
+    for preset in presets:
+        row_of(budget, split_name(preset)[0])  # a name of another budget: one line, before anything runs
+    work = args.work.resolve()
+    teacher = args.teacher.resolve() if args.teacher else work / "teacher"
+    if args.teacher and not (teacher / "metrics.json").is_file() and set(phases) - {"report"}:
+        raise SystemExit(f"--teacher={args.teacher}: no metrics.json there; give a finished train.py run")
+    if "teacher" in phases and not args.teacher:
+        _train(teacher, teacher_args(budget, args.data, args.teacher_epochs))
     if "robustness" in phases:
-        evaluate_robustness("teacher", teacher, args.data)
+        evaluate_robustness("teacher", teacher, args.data, work / "teacher" / "robustness")
     names = [run_name(preset, args.tag) for preset in presets]
     rows = list(dict.fromkeys(row for preset, name in zip(presets, names) for row in (preset, name)))  # plain first
     for preset, name in zip(presets, names):
-        base = stage_args(preset, args.data, teacher, args.override)
+        base = stage_args(preset, args.data, teacher, args.override, budget)
         if "loaded" in phases:
-            evaluate_loaded(preset, args.data, teacher, work / name / "loaded.json", args.override)
+            evaluate_loaded(preset, args.data, teacher, work / name / "loaded.json", args.override, budget)
         if "stage1" in phases:
             _train(work / name / "stage1", [*base, "transfer.stage=1", *epoch_overrides(args.stage1)])
         if "stage2" in phases:
@@ -468,9 +558,9 @@ def main() -> None:
         if "robustness" in phases:
             evaluate_robustness(name, work / name / "stage2", args.data)
         if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows
-            write_report(collect(work, rows), args.out, work)
+            write_report(collect(work, rows, budget, teacher), args.out, work, budget, teacher)
     if phases == ["report"]:
-        write_report(collect(work, rows), args.out, work)
+        write_report(collect(work, rows, budget, teacher), args.out, work, budget, teacher)
 
 
 if __name__ == "__main__":

@@ -175,3 +175,90 @@ def test_a_variant_needs_a_plain_tag(args, message, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["transfer_table.py", "--phases", "report", *args])
     with pytest.raises(SystemExit, match=message):
         transfer_table.main()
+
+
+def test_the_pyramid_budget_converts_its_rows_from_the_zoos_softmax_row(tmp_path):
+    """--budget pyramid: the teacher is the pyramid zoo's softmax PVTv2-b0 (trained as the zoo trains it), and each
+    student is its zoo row's model and attention under the 64 px transfer recipe, started from the teacher's export;
+    the cpu budget's arguments are the ViT table's."""
+    from zoo_plan import BUDGETS, budget_rows, compose
+
+    data, teacher = tmp_path / "data", tmp_path / "teacher"
+    row = transfer_table.teacher_row("pyramid")
+    assert (row.preset, row.model) == ("pvt_v2_b0_softmax", "pvt_v2_b0")
+    assert transfer_table.teacher_args("pyramid", data, 2) == [
+        "experiment=zoo_pyramid",
+        "model=pvt_v2_b0",
+        f"data.root={data}",
+        "++model.attention={name:softmax}",
+        "++model.kwargs.drop_path_rate=0.0",
+        "trainer.max_epochs=2",
+        "++trainer.limit_train_batches=1.0",
+    ]
+    zoo = {r.preset: r for r in budget_rows(BUDGETS["pyramid"])}
+    for preset, attention in (
+        ("pvt_v2_b0_focused_linear", "focused_linear"),
+        ("pvt_v2_b0_pola", "pola"),
+        ("pvt_v2_b0_linear", "linear"),
+    ):
+        args = transfer_table.stage_args(preset, data, teacher, budget="pyramid")
+        assert args == [
+            "experiment=transfer_pyramid",
+            "model=pvt_v2_b0",
+            f"data.root={data}",
+            f"model.init_from={teacher / 'export'}",
+            *zoo[preset].overrides,  # the zoo row's attention in every stage, no drop-path
+        ]
+        assert f"++model.attention={{name:{attention}," in args[4]
+    cfg = compose("train", [*args, "transfer.stage=1"])  # the last row's, composed as train.py sees it
+    assert cfg.data.img_size == 64 and cfg.data.batch_size == 128 and cfg.module.optim.lr == 2e-3
+    assert cfg.transfer.stage == 1 and cfg.transfer.distill == 0 and cfg.model.attention.feature_map == "elu"
+    assert transfer_table.stage_args("vit_linear", data, teacher) == [  # the ViT table's, unchanged
+        "experiment=transfer_cpu",
+        "model=vit_linear",
+        f"data.root={data}",
+        f"model.init_from={teacher / 'export'}",
+        "++model.kwargs.embed_dim=128",
+        "++model.kwargs.depth=6",
+        "++model.kwargs.num_heads=4",
+        "++model.kwargs.mlp_ratio=2.0",
+        "++model.kwargs.drop_path_rate=0.0",
+    ]
+    assert transfer_table.teacher_args("cpu", data, 2)[:3] == [
+        "experiment=zoo_cpu",
+        "model=vit_softmax",
+        f"data.root={data}",
+    ]
+    with pytest.raises(SystemExit, match="not a row of the pyramid budget"):
+        transfer_table.stage_args("vit_linear", data, teacher, budget="pyramid")
+
+
+def test_a_pyramid_report_reads_the_given_teacher_run_and_the_pyramid_zoos_scratch_rows(tmp_path, monkeypatch):
+    work, out, zoo_run = tmp_path / "work", tmp_path / "out", tmp_path / "zoo" / "pvt_v2_b0_softmax" / "seed0"
+    _write(zoo_run / "metrics.json", {"best_score": 0.55, "epoch": 2, "global_step": 702})
+    (zoo_run / ".hydra").mkdir()
+    (zoo_run / ".hydra" / "config.yaml").write_text("data:\n  batch_size: 128\n  img_size: 64\ntrainer: {}\n")
+    _robustness(work / "teacher", "teacher", 0.5, 0.2)  # the teacher's record: in the work folder, not the zoo's run
+    _write(work / "pvt_v2_b0_pola" / "loaded.json", {"val/acc1": 0.1, "num_images": 5000})
+    _write(work / "pvt_v2_b0_pola" / "stage2" / "metrics.json", {"val/acc1": 0.44, "global_step": 8})
+    per_run = tmp_path / "docs" / "pyramid" / "per-run"
+    for preset, seed, acc in (("pvt_v2_b0_pola", 0, 0.5), ("pvt_v2_b0_pola", 1, 0.3)):
+        _write(
+            per_run / f"{preset}-s{seed}.json",
+            {
+                **dict(format=1, budget="pyramid", label="PolaFormer", preset=preset, seed=seed),
+                **dict(recipe="zoo_pyramid", overrides=[], row={"val acc": acc}),
+                **dict(metrics={"global_step": 702}, profile={"batch_size": 128}),
+            },
+        )
+    monkeypatch.setattr(transfer_table, "scratch_dir", lambda budget: tmp_path / "docs" / budget / "per-run")
+
+    rows = transfer_table.collect(work, ["pvt_v2_b0_pola"], "pyramid", zoo_run)
+    transfer_table.write_report(rows, out, work, "pyramid", zoo_run)
+    (row,) = rows
+    assert (row["mechanism"], row["teacher"], row["from scratch"]) == ("PolaFormer", 0.55, 0.5)  # seed 0's
+    assert row["% of teacher"] == pytest.approx(80.0)
+    assert (row["teacher mean corruption accuracy (15x5)"], row["teacher PGD L-inf 2/255"]) == (0.5, 0.2)
+    md = (out / "results.md").read_text()
+    assert "- teacher: pvt_v2_b0_softmax, 2 epochs, 89,856 training images, val top-1 55.0%" in md
+    assert "from scratch: docs/zoo/pyramid, 89,856 training images" in md
