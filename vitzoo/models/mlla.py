@@ -20,7 +20,7 @@ from vitzoo.attention.stack import stage_specs
 from .blocks import MllaBlock
 from .builders import build_pyramid, imagenet_cfg, trunc_normal_init
 from .registry import zoo_cfgs, zoo_model
-from .staged import Stage, StagedNet, drop_path_rates, stage_grids
+from .staged import STAGED_FEATURES, Stage, StagedNet, drop_path_rates, stage_grids
 
 __all__ = ["Mlla", "MLLA_ARCHS", "MLLA_OWN"]
 
@@ -146,7 +146,7 @@ class Mlla(StagedNet):
         self.feature_info = [dict(num_chs=d, reduction=4 * 2**i, module=f"layers.{i}") for i, d in enumerate(dims)]
         self.num_features = self.head_hidden_size = dims[-1]
         self.norm: nn.Module = norm(dims[-1])
-        self.head: nn.Module = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.reset_classifier(num_classes)
         self.apply(
             trunc_normal_init
         )  # the official init: Linear layers and LayerNorms (convs, BN as PyTorch makes them)
@@ -155,14 +155,8 @@ class Mlla(StagedNet):
         x = self.norm(x.flatten(2).transpose(1, 2)).mean(dim=1)
         return x if pre_logits else self.head(x)
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        if global_pool not in (None, "avg"):
-            raise ValueError(f"global_pool={global_pool!r}: MLLA pools by the mean only; give 'avg' or None")
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+    def new_head(self, num_classes: int) -> nn.Module:
+        return nn.Linear(self.num_features, num_classes)
 
     def drop_head(self) -> None:
         self.norm = nn.Identity()
@@ -173,17 +167,13 @@ MLLA_CFG = imagenet_cfg(pool_size=(7, 7), crop_pct=0.875, first_conv="patch_embe
 default_cfgs = zoo_cfgs({name: MLLA_CFG for name in MLLA_ARCHS})
 
 
-def _create(short: str, pretrained: bool, kwargs: dict) -> Mlla:
-    return build_pyramid(Mlla, short, pretrained, kwargs, MLLA_ARCHS, dict(feature_cls="getter"))
-
-
 @zoo_model
 def mlla_tiny(pretrained: bool = False, **kwargs) -> Mlla:
     """MLLA-T: 64 wide, depths 2-4-8-4, heads 2-4-8-16 (d = 32), drop-path 0.2 (24.4 M parameters)."""
-    return _create("mlla_tiny", pretrained, kwargs)
+    return build_pyramid(Mlla, "mlla_tiny", pretrained, kwargs, MLLA_ARCHS, STAGED_FEATURES)
 
 
 @zoo_model
 def mlla_small(pretrained: bool = False, **kwargs) -> Mlla:
     """MLLA-S: 64 wide, depths 3-6-21-6, heads 2-4-8-16, drop-path 0.3 (43.0 M parameters)."""
-    return _create("mlla_small", pretrained, kwargs)
+    return build_pyramid(Mlla, "mlla_small", pretrained, kwargs, MLLA_ARCHS, STAGED_FEATURES)

@@ -21,7 +21,7 @@ from vitzoo.attention import build_attention
 from vitzoo.attention.stack import stage_specs
 from .builders import build_pyramid, imagenet_cfg, trunc_normal_init
 from .registry import zoo_cfgs, zoo_model
-from .staged import Stage, StagedNet, drop_path_rates, stage_grids
+from .staged import STAGED_FEATURES, Stage, StagedNet, drop_path_rates, stage_grids
 
 __all__ = ["Ravlt", "RAVLT_ARCHS", "RAVLT_OWN"]
 
@@ -180,7 +180,7 @@ class Ravlt(StagedNet):
         self.proj: nn.Module = nn.Conv2d(embed_dims[-1], projection, 1)
         self.norm: nn.Module = nn.BatchNorm2d(projection)
         self.swish = nn.SiLU()
-        self.head: nn.Module = nn.Conv2d(projection, num_classes, 1) if num_classes > 0 else nn.Identity()
+        self.reset_classifier(num_classes)
         self.apply(partial(trunc_normal_init, kinds=(nn.Conv2d, nn.Linear)))  # the official init: projections are convs
         self.register_load_state_dict_pre_hook(Ravlt._official_names)
 
@@ -207,14 +207,8 @@ class Ravlt(StagedNet):
         x = self.swish(self.norm(self.proj(x))).mean(dim=(2, 3), keepdim=True)
         return x.flatten(1) if pre_logits else self.head(x).flatten(1)
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        if global_pool not in (None, "avg"):
-            raise ValueError(f"global_pool={global_pool!r}: RAVLT pools by the mean only; give 'avg' or None")
-        self.num_classes = num_classes
-        self.head = nn.Conv2d(self.num_features, num_classes, 1) if num_classes > 0 else nn.Identity()
+    def new_head(self, num_classes: int) -> nn.Module:
+        return nn.Conv2d(self.num_features, num_classes, 1)
 
     def drop_head(self) -> None:
         self.proj, self.norm = nn.Identity(), nn.Identity()
@@ -226,17 +220,13 @@ default_cfgs = zoo_cfgs(
 )
 
 
-def _create(short: str, pretrained: bool, kwargs: dict) -> Ravlt:
-    return build_pyramid(Ravlt, short, pretrained, kwargs, RAVLT_ARCHS, dict(feature_cls="getter"))
-
-
 @zoo_model
 def ravlt_tiny(pretrained: bool = False, **kwargs) -> Ravlt:
     """RAVLT-T: widths 64-128-256-512, depths 2-2-6-2, heads 1-2-4-8 (d = 64), drop-path 0.1 (14.9 M parameters)."""
-    return _create("ravlt_tiny", pretrained, kwargs)
+    return build_pyramid(Ravlt, "ravlt_tiny", pretrained, kwargs, RAVLT_ARCHS, STAGED_FEATURES)
 
 
 @zoo_model
 def ravlt_small(pretrained: bool = False, **kwargs) -> Ravlt:
     """RAVLT-S: widths 64-128-320-512, depths 3-5-9-3, heads 1-2-5-8, drop-path 0.15 (25.6 M parameters)."""
-    return _create("ravlt_small", pretrained, kwargs)
+    return build_pyramid(Ravlt, "ravlt_small", pretrained, kwargs, RAVLT_ARCHS, STAGED_FEATURES)

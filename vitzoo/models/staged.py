@@ -15,7 +15,9 @@ from timm.models._features import feature_take_indices
 from vitzoo.attention import ZooAttention
 from vitzoo.attention.base import share_grid
 
-__all__ = ["Stage", "StagedNet", "drop_path_rates", "stage_grids"]
+__all__ = ["STAGED_FEATURES", "Stage", "StagedNet", "drop_path_rates", "stage_grids"]
+
+STAGED_FEATURES = dict(feature_cls="getter")  # timm's features_only through forward_intermediates
 
 torch.fx.wrap(share_grid)  # a leaf when torch.fx traces this module's code too
 
@@ -70,9 +72,27 @@ class StagedNet(nn.Module):
     patch_embed: nn.Module
     layers: nn.ModuleList
     feature_info: List[dict]
+    head: nn.Module
+    num_features: int
+    num_classes: int
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         raise NotImplementedError
+
+    def new_head(self, num_classes: int) -> nn.Module:
+        """The classifier over ``num_features`` channels for ``num_classes`` > 0."""
+        raise NotImplementedError
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        if global_pool not in (None, "avg"):
+            raise ValueError(
+                f"global_pool={global_pool!r}: {type(self).__name__} pools by the mean only; give 'avg' or None"
+            )
+        self.num_classes = num_classes
+        self.head = self.new_head(num_classes) if num_classes > 0 else nn.Identity()
 
     def drop_head(self) -> None:
         """Replace the head's layers by Identity (features only)."""
