@@ -1,15 +1,25 @@
-"""Thin structures, side by side: vitzoo ViT exports with ``simple_fpn`` against smp's U-Net (ResNet-18, from scratch).
+"""Thin structures, side by side: vitzoo exports (ViTs, pyramids) under vitzoo's and smp's decoders against smp's
+U-Net (ResNet-18, from scratch).
 
 Every row trains on the same generated thin-wall set (``vitzoo.segmentation.thin``; walls = the object, class
 1) for the same number of steps, with the same crops, batches (one seeded loader order), optimizer (AdamW,
 warmup + cosine) and learning rate, then segments held-out 512 px images at their native size in sliding
 windows of the crop size (overlap 0.25) and one 1024 px image for the prediction rate. A row is
-``name=model,neck,loss,weights``: model ``unet`` or an export directory (``python -m vitzoo.export ...
---no-head``), neck ``simple_fpn`` or ``none``, loss one of ``module.loss``'s, weights ``balanced`` or ``none``.
+``name=model,neck,loss,weights``; model is
+
+* ``unet``: smp's U-Net on a ResNet-18 from random weights;
+* an export directory (``python -m vitzoo.export ... --no-head``): vitzoo's SegmentationNet, SegFormer's MLP
+  decoder over a pyramid's four levels, or over a plain ViT's ``simple_fpn``;
+* ``smp-unet:<export dir>`` or ``smp-fpn:<export dir>``: smp's Unet or FPN decoder over the export through timm's
+  universal encoder (``tu-local-dir:<export dir>``, the export's weights and attention), for pyramid exports;
+  ``smp-unet+stem:<export dir>`` adds two 3x3 convolutions of the pixels as the U-Net's stride-2 level;
+
+neck ``simple_fpn`` or ``none`` (smp rows: ``none``), loss one of ``module.loss``'s, weights ``balanced`` or ``none``.
 Each row runs in its own subprocess, so its peak resident memory (VmHWM) is its own.
 
     python benchmarks/segmentation_thin.py --data data/thin --rows \\
         "linear+fpn=exports/lin,simple_fpn,ce+dice,balanced" "unet=unet,none,ce+dice,balanced" \\
+        "pvt unet=smp-unet:exports/pvt_lin,none,ce+dice,balanced" \\
         --steps 150 --crop 128 --out docs/segmentation/thin_cpu
 
 Columns: wall IoU and Dice on the held-out images, the same for "interior everywhere" (the majority baseline),
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -41,7 +52,8 @@ from vitzoo.segmentation import (
     segmentation_scores,
     sliding_window_probs,
 )
-from vitzoo.segmentation.losses import SegmentationLoss, balanced_class_weights
+from vitzoo.export import check_export
+from vitzoo.segmentation.losses import LOSSES, SegmentationLoss, balanced_class_weights
 from vitzoo.segmentation.thin import WALL, make_thin_dataset
 from vitzoo.training.optim import build_scheduler
 
@@ -52,28 +64,94 @@ CLASSES = ["interior", "wall"]
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class UNet(nn.Module):
-    """smp's U-Net, ResNet-18 encoder, random init; images in [0, 1] normalised with ImageNet statistics."""
+SMP_DECODERS = {"smp-unet": ("Unet", 0), "smp-unet+stem": ("Unet", 32), "smp-fpn": ("FPN", 0)}  # smp class, stem
+NECKS = ("simple_fpn", "none")
+WEIGHTS = ("balanced", "none")
+MODELS = "unet, an export directory, or smp-unet|smp-unet+stem|smp-fpn:<export dir>"
+
+
+class PixelStem(nn.Module):
+    """smp's universal encoder over a pyramid, its empty stride-2 level (the pyramid starts at stride 4) filled by
+    two 3x3 convolutions of the pixels, as a ResNet's first conv fills it, so the U-Net's stride-2 block sees
+    where a thin structure lies."""
+
+    def __init__(self, encoder: nn.Module, channels: int):
+        super().__init__()
+        from segmentation_models_pytorch.base.modules import Conv2dReLU
+
+        self.encoder = encoder
+        self.stem = nn.Sequential(
+            Conv2dReLU(encoder.out_channels[0], channels, 3, padding=1, stride=2),
+            Conv2dReLU(channels, channels, 3, padding=1),
+        )
+        self.out_channels = [encoder.out_channels[0], channels, *encoder.out_channels[2:]]
+        self.output_stride = encoder.output_stride
+
+    def forward(self, images: torch.Tensor) -> List[torch.Tensor]:
+        features = self.encoder(images)
+        return [features[0], self.stem(images), *features[2:]]
+
+
+class SmpNet(nn.Module):
+    """An smp decoder (``Unet``, ``FPN``) over ``resnet18`` from random weights, or over a vitzoo export through
+    timm's universal encoder (``tu-local-dir:<export>``: its weights and attention loaded, its four levels at
+    strides 4-32), with ``stem`` channels of :class:`PixelStem` at stride 2 (U-Net only); images in [0, 1]
+    normalised with the encoder's statistics (ImageNet's for the ResNet)."""
 
     stride = 32
 
-    def __init__(self, num_classes: int = 2):
+    def __init__(self, decoder: str, encoder: str, num_classes: int = 2, stem: int = 0):
         super().__init__()
         import segmentation_models_pytorch as smp
+        from segmentation_models_pytorch.base.initialization import initialize_decoder
 
-        self.net = smp.Unet("resnet18", encoder_weights=None, in_channels=3, classes=num_classes)
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        export = encoder != "resnet18"
+        if export:
+            check_export(encoder)
+            encoder = f"tu-local-dir:{Path(encoder).resolve()}"
+        self.net = getattr(smp, decoder)(encoder, encoder_weights=True if export else None, classes=num_classes)
+        cfg = self.net.encoder.model.pretrained_cfg if export else dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        if stem:  # the same decoder, built for the stem's channels at stride 2
+            self.net.encoder = PixelStem(self.net.encoder, stem)
+            self.net.decoder = type(self.net.decoder)(self.net.encoder.out_channels, (256, 128, 64, 32, 16), 5)
+            initialize_decoder(self.net.decoder)
+        self.register_buffer("mean", torch.tensor(cfg["mean"]).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg["std"]).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net((images - self.mean) / self.std)
 
 
+def parse_row(spec: str) -> Dict[str, str]:
+    """``name=model,neck,loss,weights`` -> its fields; a malformed row is one ValueError line naming the fix."""
+    name, eq, rest = spec.partition("=")
+    fields = rest.split(",")
+    if not eq or not name or len(fields) != 4:
+        raise ValueError(f"row {spec!r}: write name=model,neck,loss,weights (model {MODELS})")
+    row = dict(zip(("row", "model", "neck", "loss", "weights"), [name, *fields]))
+    prefix, _, encoder = row["model"].partition(":")
+    smp_row = row["model"] == "unet" or prefix in SMP_DECODERS
+    if smp_row and row["neck"] != "none":
+        raise ValueError(f"row {name!r}: smp decoders build their own pyramid; give neck none, not {row['neck']}")
+    if prefix in SMP_DECODERS and not Path(encoder).is_dir():
+        raise ValueError(f"row {name!r}: {encoder!r} is no export directory; pass `python -m vitzoo.export` output")
+    if not smp_row and not Path(row["model"]).is_dir():
+        raise ValueError(f"row {name!r}: model {row['model']!r} is none of: {MODELS}")
+    for field, choices in (("neck", NECKS), ("loss", LOSSES), ("weights", WEIGHTS)):
+        if row[field] not in choices:
+            raise ValueError(f"row {name!r}: {field} {row[field]!r}; choose one of {'|'.join(choices)}")
+    return row
+
+
 def build(model: str, neck: str, channels: int) -> nn.Module:
+    """The network of a parsed row: smp's U-Net on a ResNet-18, an smp decoder over an export, or vitzoo's
+    SegmentationNet (SegFormer's MLP decoder) over an export's levels or its ``simple_fpn``."""
     if model == "unet":
-        if neck != "none":
-            raise ValueError(f"the U-Net row takes neck none, not {neck}")
-        return UNet(len(CLASSES))
+        return SmpNet("Unet", "resnet18", len(CLASSES))
+    prefix, _, encoder = model.partition(":")
+    if prefix in SMP_DECODERS:
+        decoder, stem = SMP_DECODERS[prefix]
+        return SmpNet(decoder, encoder, len(CLASSES), stem)
     return SegmentationNet(create_backbone(model), len(CLASSES), channels, neck=None if neck == "none" else neck)
 
 
@@ -96,8 +174,8 @@ def _scores(net: nn.Module, root: Path, window: int) -> Dict[str, float]:
 
 def run_row(args: argparse.Namespace, spec: str) -> Dict[str, float]:
     """Train and measure one row (in this process)."""
-    name, _, rest = spec.partition("=")
-    model, neck, loss, weights = rest.split(",")
+    row = parse_row(spec)
+    model, neck, loss, weights = row["model"], row["neck"], row["loss"], row["weights"]
     torch.manual_seed(args.seed)
     dm = SegmentationDataModule(
         str(args.data / "train"),
@@ -140,11 +218,7 @@ def run_row(args: argparse.Namespace, spec: str) -> Dict[str, float]:
             sliding_window_probs(net, _image(path), args.crop, 0.25)
         predict_seconds = time.perf_counter() - start
     return {
-        "row": name,
-        "model": model,
-        "neck": neck,
-        "loss": loss,
-        "weights": weights,
+        **row,
         "parameters_m": sum(p.numel() for p in net.parameters()) / 1e6,
         "iou_wall": scores["iou/wall"],
         "dice_wall": scores["dice/wall"],
@@ -196,22 +270,22 @@ def make_data(root: Path, n: int, test: int, seed: int) -> None:
 def table(rows: List[Dict[str, float]], dark: Dict[str, float]) -> str:
     head = (
         "| row | neck | loss, weights | wall IoU | wall Dice | train img/s | 1024 px predict img/s | "
-        "peak RSS (GiB) |\n|---|---|---|---|---|---|---|---|\n"
+        "peak RSS (GiB) | params (M) |\n|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {r['row']} | {r['neck']} | {r['loss']}, {r['weights']} | {r['iou_wall']:.3f} | {r['dice_wall']:.3f} | "
         f"{r['train_images_per_s']:.2f} | {r['predict_1024_images_per_s']:.3f} | "
-        f"{r['peak_rss_mib'] / 1024:.2f} |"
+        f"{r['peak_rss_mib'] / 1024:.2f} | {r['parameters_m']:.2f} |"
         for r in rows
     ]
     base = rows[0]
     lines.append(
         f"| interior everywhere (majority) | | | {base['majority_iou_wall']:.3f} | "
-        f"{base['majority_dice_wall']:.3f} | | | |"
+        f"{base['majority_dice_wall']:.3f} | | | | |"
     )
     lines.append(
         f"| darkest pixels (blurred image < {dark['threshold']:.0f}, fitted on the training images) | | | "
-        f"{dark['iou_wall']:.3f} | {dark['dice_wall']:.3f} | | | |"
+        f"{dark['iou_wall']:.3f} | {dark['dice_wall']:.3f} | | | | |"
     )
     return head + "\n".join(lines)
 
@@ -237,39 +311,55 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--decoder-channels", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="write <out>.csv, <out>.md and <out>.json")
+    parser.add_argument("--out", type=Path, help="write <out>.csv, <out>.md and <out>.json (after every row)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # a row, run by the parent in a subprocess
     args = parser.parse_args()
     if args.only:
         print(json.dumps(run_row(args, args.only)))
         return
+    for spec in args.rows:
+        try:
+            parse_row(spec)
+        except ValueError as error:
+            parser.error(str(error))
     make_data(args.data, args.n, args.test, args.seed)
-    rows = []
+    dark, rows = threshold_row(args.data), []
+    started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for spec in args.rows:
         started = time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, __file__, *sys.argv[1:], "--only", spec], check=True, capture_output=True, text=True
-        ).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
-        print(f"{spec}: {time.perf_counter() - started:.0f} s, wall IoU {rows[-1]['iou_wall']:.3f}", flush=True)
-    machine = (
-        f"{cpu_name()}, {torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}; {args.steps} steps x batch {args.batch} of {args.crop} px crops, "
-        f"{args.n} training images of 512 px, {args.test} held-out 512 px images"
-    )
-    dark = threshold_row(args.data)
-    text = table(rows, dark)
-    print(machine + "\n" + text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out.with_suffix(".csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        args.out.with_suffix(".md").write_text(machine + "\n\n" + text + "\n")
-        args.out.with_suffix(".json").write_text(
-            json.dumps({"setup": machine, "rows": rows, "darkest_pixels": dark}, indent=1) + "\n"
+        child = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--only", spec], capture_output=True, text=True
         )
+        if child.returncode:
+            sys.exit(f"row {spec!r} failed: {(child.stderr.strip().splitlines() or ['no output'])[-1]}")
+        rows.append({**json.loads(child.stdout.strip().splitlines()[-1]), "load_average_1min": os.getloadavg()[0]})
+        print(f"{spec}: {time.perf_counter() - started:.0f} s, wall IoU {rows[-1]['iou_wall']:.3f}", flush=True)
+        if args.out:  # after every row: a run cut short keeps the rows it measured
+            write(args.out, setup(args, started_at, rows), rows, dark)
+    print(setup(args, started_at, rows) + "\n" + table(rows, dark))
+
+
+def setup(args: argparse.Namespace, started_at: str, rows: List[Dict[str, float]]) -> str:
+    """The machine, the budget and the load on the cores (the 1-minute load average after each row)."""
+    loads = ", ".join(f"{r['load_average_1min']:.1f}" for r in rows)
+    return (
+        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {started_at}, "
+        f"1-minute load average after each row {loads}; {args.steps} steps x batch {args.batch} of {args.crop} px "
+        f"crops, {args.n} training images of 512 px, {args.test} held-out 512 px images"
+    )
+
+
+def write(out: Path, machine: str, rows: List[Dict[str, float]], dark: Dict[str, float]) -> None:
+    """<out>.csv, <out>.md and <out>.json."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    out.with_suffix(".md").write_text(machine + "\n\n" + table(rows, dark) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps({"setup": machine, "rows": rows, "darkest_pixels": dark}, indent=1) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -48,3 +48,52 @@ def test_the_folder_loads_through_the_segmentation_data_module(tmp_path):
     assert wall == expected and ignored == 0 and interior > wall
     images, masks = next(iter(dm.train_dataloader()))
     assert images.shape == (2, 3, 64, 64) and set(masks.unique().tolist()) <= {0, 1, 255}
+
+
+def _tiny_pyramid_export(path):
+    """A PVTv2 of 8-64 channels and one block per stage with linear attention, exported without its head."""
+    import vitzoo
+    from vitzoo.export import export_model
+
+    model = vitzoo.create_model(
+        "pvt_v2_b0",
+        attention="linear",
+        num_classes=10,
+        embed_dims=(8, 16, 32, 64),
+        depths=(1, 1, 1, 1),
+        num_heads=(1, 1, 2, 4),
+    )
+    return export_model(model, path, head=False)
+
+
+def test_the_benchmark_trains_an_smp_decoder_over_a_pyramid_export(tmp_path):
+    """benchmarks/segmentation_thin.py's ``smp-unet:<export>`` row: the export's weights reach smp's encoder, the
+    row trains and fills its scores; a row with a neck or a path that is no export is one line naming the fix."""
+    import argparse
+
+    import segmentation_thin  # the benchmark script (tests/conftest.py puts benchmarks/ on the path)
+    import torch
+    from safetensors.torch import load_file
+
+    export = _tiny_pyramid_export(tmp_path / "pvt")
+    for part, n in (("train", 4), ("test", 1), ("big", 1)):
+        make_thin_dataset(tmp_path / "thin" / part, n=n, size=64, seed=len(part))
+    args = argparse.Namespace(data=tmp_path / "thin", steps=3, crop=32, batch=2, lr=1e-3, decoder_channels=8, seed=0)
+    spec = f"pvt unet=smp-unet:{export},none,ce+dice,balanced"
+    net = segmentation_thin.build(segmentation_thin.parse_row(spec)["model"], "none", 8)
+    encoder, weights = net.net.encoder.model.state_dict(), load_file(export / "model.safetensors")
+    assert torch.equal(
+        encoder["stages_3.blocks.0.attn.in_proj.proj.weight"], weights["stages.3.blocks.0.attn.in_proj.proj.weight"]
+    )
+    row = segmentation_thin.run_row(args, spec)
+    assert row["row"] == "pvt unet" and row["model"] == f"smp-unet:{export}"
+    assert 0 <= row["iou_wall"] <= 1 and row["predict_1024_images_per_s"] > 0
+    assert np.isfinite(row["first_loss"]) and np.isfinite(row["last_loss"])
+    for bad, fix in (
+        (f"x=smp-fpn:{export},simple_fpn,ce,none", "give neck none"),
+        (f"x=smp-unet:{tmp_path / 'nowhere'},none,ce,none", "is no export directory"),
+        (f"x={export},none,ce+dice,balance", "choose one of balanced|none"),
+        ("x=unet,none,ce", "write name=model,neck,loss,weights"),
+    ):
+        with pytest.raises(ValueError, match=fix):
+            segmentation_thin.parse_row(bad)
