@@ -64,13 +64,14 @@ def attention_override(preset: str, model_dir: Path = ROOT / "configs" / "model"
     return "++model.attention={" + ",".join(f"{k}:{literal(v)}" for k, v in block.items()) + "}"
 
 
-# The pyramid budget's mechanisms: ViT presets whose attention runs in every stage of PVTv2-b0.
+# The pyramid budget's mechanisms: ViT presets whose attention runs in every stage of PVTv2-b0 (the ones attention
+# transfer converts a softmax PVTv2-b0 into first: benchmarks/transfer_table.py --budget pyramid).
 PYRAMID_MECHANISMS = (
     "vit_softmax",
     "vit_linear",
     "vit_focused_linear",
-    "vit_agent",
     "vit_pola",
+    "vit_agent",
     "vit_inline",
     "vit_mlla",
     "vit_rala",
