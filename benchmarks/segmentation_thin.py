@@ -53,6 +53,7 @@ from vitzoo.segmentation import (
     sliding_window_probs,
 )
 from vitzoo.export import check_export
+from vitzoo.segmentation.decoder import pixel_stem
 from vitzoo.segmentation.losses import LOSSES, SegmentationLoss, balanced_class_weights
 from vitzoo.segmentation.thin import WALL, make_thin_dataset
 from vitzoo.training.optim import build_scheduler
@@ -72,18 +73,13 @@ MODELS = "unet, an export directory, or smp-unet|smp-unet+stem|smp-fpn:<export d
 
 class PixelStem(nn.Module):
     """smp's universal encoder over a pyramid, its empty stride-2 level (the pyramid starts at stride 4) filled by
-    two 3x3 convolutions of the pixels, as a ResNet's first conv fills it, so the U-Net's stride-2 block sees
-    where a thin structure lies."""
+    vitzoo's ``pixel_stem`` (two 3x3 convolutions of the pixels, as a ResNet's first conv fills it), so the U-Net's
+    stride-2 block sees where a thin structure lies: ``module.decoder=unet``'s decoder, through smp's encoder."""
 
     def __init__(self, encoder: nn.Module, channels: int):
         super().__init__()
-        from segmentation_models_pytorch.base.modules import Conv2dReLU
-
         self.encoder = encoder
-        self.stem = nn.Sequential(
-            Conv2dReLU(encoder.out_channels[0], channels, 3, padding=1, stride=2),
-            Conv2dReLU(channels, channels, 3, padding=1),
-        )
+        self.stem = pixel_stem(encoder.out_channels[0], channels)
         self.out_channels = [encoder.out_channels[0], channels, *encoder.out_channels[2:]]
         self.output_stride = encoder.output_stride
 
@@ -123,20 +119,18 @@ class SmpNet(nn.Module):
 
 
 def parse_row(spec: str) -> Dict[str, str]:
-    """``name=model,neck,loss,weights`` -> its fields; a malformed row is one ValueError line naming the fix."""
+    """``name=model,neck,loss,weights`` -> its fields; a malformed row is one ValueError line naming the fix (an
+    export directory is looked for when its row starts, so a run may name one that an earlier row's time brings)."""
     name, eq, rest = spec.partition("=")
     fields = rest.split(",")
     if not eq or not name or len(fields) != 4:
         raise ValueError(f"row {spec!r}: write name=model,neck,loss,weights (model {MODELS})")
     row = dict(zip(("row", "model", "neck", "loss", "weights"), [name, *fields]))
-    prefix, _, encoder = row["model"].partition(":")
-    smp_row = row["model"] == "unet" or prefix in SMP_DECODERS
-    if smp_row and row["neck"] != "none":
-        raise ValueError(f"row {name!r}: smp decoders build their own pyramid; give neck none, not {row['neck']}")
-    if prefix in SMP_DECODERS and not Path(encoder).is_dir():
-        raise ValueError(f"row {name!r}: {encoder!r} is no export directory; pass `python -m vitzoo.export` output")
-    if not smp_row and not Path(row["model"]).is_dir():
+    prefix, colon, _ = row["model"].partition(":")
+    if colon and prefix not in SMP_DECODERS:
         raise ValueError(f"row {name!r}: model {row['model']!r} is none of: {MODELS}")
+    if (row["model"] == "unet" or colon) and row["neck"] != "none":
+        raise ValueError(f"row {name!r}: smp decoders build their own pyramid; give neck none, not {row['neck']}")
     for field, choices in (("neck", NECKS), ("loss", LOSSES), ("weights", WEIGHTS)):
         if row[field] not in choices:
             raise ValueError(f"row {name!r}: {field} {row[field]!r}; choose one of {'|'.join(choices)}")
@@ -148,8 +142,10 @@ def build(model: str, neck: str, channels: int) -> nn.Module:
     SegmentationNet (SegFormer's MLP decoder) over an export's levels or its ``simple_fpn``."""
     if model == "unet":
         return SmpNet("Unet", "resnet18", len(CLASSES))
-    prefix, _, encoder = model.partition(":")
-    if prefix in SMP_DECODERS:
+    prefix, colon, encoder = model.partition(":")
+    if colon:
+        if not Path(encoder).is_dir():
+            raise ValueError(f"{encoder!r} is no export directory; pass the output of `python -m vitzoo.export`")
         decoder, stem = SMP_DECODERS[prefix]
         return SmpNet(decoder, encoder, len(CLASSES), stem)
     return SegmentationNet(create_backbone(model), len(CLASSES), channels, neck=None if neck == "none" else neck)

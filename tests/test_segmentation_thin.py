@@ -91,9 +91,11 @@ def test_the_benchmark_trains_an_smp_decoder_over_a_pyramid_export(tmp_path):
     assert np.isfinite(row["first_loss"]) and np.isfinite(row["last_loss"])
     for bad, fix in (
         (f"x=smp-fpn:{export},simple_fpn,ce,none", "give neck none"),
-        (f"x=smp-unet:{tmp_path / 'nowhere'},none,ce,none", "is no export directory"),
+        (f"x=smp-unit:{export},none,ce,none", "is none of: unet, an export directory"),
         (f"x={export},none,ce+dice,balance", "choose one of balanced|none"),
         ("x=unet,none,ce", "write name=model,neck,loss,weights"),
     ):
         with pytest.raises(ValueError, match=fix):
             segmentation_thin.parse_row(bad)
+    with pytest.raises(ValueError, match="is no export directory"):
+        segmentation_thin.build(f"smp-unet:{tmp_path / 'nowhere'}", "none", 8)

@@ -1,4 +1,4 @@
-"""A light decoder over multi-level NCHW features: SegFormer's all-MLP head."""
+"""Decoders over multi-level NCHW features: SegFormer's all-MLP head, and smp's U-Net decoder with a pixel stem."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MLPDecoder"]
+__all__ = ["DECODERS", "MLPDecoder", "UNetDecoder", "pixel_stem"]
+
+DECODERS = ("mlp", "unet")  # module.decoder
+UNET_CHANNELS = (256, 128, 64, 32, 16)  # smp's U-Net decoder, strides 16, 8, 4, 2, 1
 
 
 class MLPDecoder(nn.Module):
@@ -37,3 +40,35 @@ class MLPDecoder(nn.Module):
             for x in levels
         ]
         return self.classifier(self.dropout(self.fuse(torch.cat(levels, dim=1))))
+
+
+def pixel_stem(in_channels: int, channels: int) -> nn.Module:
+    """Two 3x3 convolutions (BatchNorm, ReLU) of the pixels, the first of stride 2: the stride-2 level a pyramid
+    lacks (it starts at stride 4), as a ResNet's first conv provides it to a U-Net."""
+    from segmentation_models_pytorch.base.modules import Conv2dReLU
+
+    return nn.Sequential(
+        Conv2dReLU(in_channels, channels, 3, padding=1, stride=2),
+        Conv2dReLU(channels, channels, 3, padding=1),
+    )
+
+
+class UNetDecoder(nn.Module):
+    """smp's U-Net decoder over a pyramid's four levels (strides 4-32) and a :func:`pixel_stem` at stride 2, decoded
+    to stride 1 (``UNET_CHANNELS``) and classified by a 3x3 conv: a thin structure keeps its position to the pixel.
+    ``forward(images, features)`` takes the normalised images and the levels; logits at the images' size."""
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int, stem: int = 32, image_channels: int = 3):
+        super().__init__()
+        from segmentation_models_pytorch.base.heads import SegmentationHead
+        from segmentation_models_pytorch.base.initialization import initialize_decoder, initialize_head
+        from segmentation_models_pytorch.decoders.unet.decoder import UnetDecoder
+
+        self.stem = pixel_stem(image_channels, stem)
+        self.decoder = UnetDecoder([image_channels, stem, *in_channels], UNET_CHANNELS, len(UNET_CHANNELS))
+        self.head = SegmentationHead(UNET_CHANNELS[-1], num_classes, kernel_size=3)
+        initialize_decoder(self.decoder)
+        initialize_head(self.head)
+
+    def forward(self, images: torch.Tensor, features: List[torch.Tensor]) -> torch.Tensor:
+        return self.head(self.decoder([images, self.stem(images), *features]))

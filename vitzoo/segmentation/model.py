@@ -1,5 +1,5 @@
 """Segmentation network: a ``features_only`` backbone (an export, or a zoo architecture), an optional neck
-(``simple_fpn``: ViTDet's pyramid for a plain ViT) and ``MLPDecoder``."""
+(``simple_fpn``: ViTDet's pyramid for a plain ViT) and a decoder (``MLPDecoder``, or ``UNetDecoder`` for a pyramid)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import vitzoo
 from vitzoo.attention import AttentionSpec
 from vitzoo.export import load_exported
 
-from .decoder import MLPDecoder
+from .decoder import DECODERS, MLPDecoder, UNetDecoder
 from .neck import SimpleFeaturePyramid, check_neck
 
 __all__ = ["SegmentationNet", "create_backbone"]
@@ -73,6 +73,8 @@ class SegmentationNet(nn.Module):
     H and W must be multiples of the backbone's largest feature stride (the patch size for a ViT).
     ``neck="simple_fpn"`` feeds the decoder ViTDet's pyramid (strides p/4 .. 2p) built from a plain ViT's
     last map instead of the backbone's levels; a backbone with a pyramid of its own refuses it.
+    ``decoder="unet"`` decodes a pyramid's levels (strides 4, 8, 16, 32) with smp's U-Net decoder and a pixel stem
+    at stride 2, up to stride 1 (``UNetDecoder``; ``channels`` and ``dropout`` are the MLP decoder's).
     """
 
     def __init__(
@@ -82,18 +84,24 @@ class SegmentationNet(nn.Module):
         channels: int = 128,
         dropout: float = 0.1,
         neck: Optional[str] = None,
+        decoder: str = "mlp",
     ):
         super().__init__()
         self.backbone = backbone
         reductions = backbone.feature_info.reduction()
         check_neck(neck, reductions)
+        check_decoder(decoder, neck, reductions)
         self.stride = max(reductions)
         self.channels_last = getattr(backbone, "output_fmt", "NCHW") == "NHWC"  # timm's Swin features
         self.neck = SimpleFeaturePyramid(backbone.feature_info.channels()[-1], self.stride, channels) if neck else None
         levels = self.neck.channels() if neck else backbone.feature_info.channels()
-        self.decoder = MLPDecoder(levels, num_classes, channels, dropout)
-        cfg = backbone.pretrained_cfg
         self.in_chans = _first_conv(backbone).in_channels
+        self.unet = decoder == "unet"
+        if self.unet:
+            self.decoder: nn.Module = UNetDecoder(levels, num_classes, image_channels=self.in_chans)
+        else:
+            self.decoder = MLPDecoder(levels, num_classes, channels, dropout)
+        cfg = backbone.pretrained_cfg
         self.register_buffer("mean", _per_channel(cfg["mean"], self.in_chans), persistent=False)
         self.register_buffer("std", _per_channel(cfg["std"], self.in_chans), persistent=False)
 
@@ -104,8 +112,23 @@ class SegmentationNet(nn.Module):
                 f"input {H}x{W} is not divisible by the backbone stride {self.stride}; "
                 f"resize or crop to a multiple of {self.stride} (data.img_size)"
             )
-        features = self.backbone((images - self.mean) / self.std)
+        images = (images - self.mean) / self.std
+        features = self.backbone(images)
         if self.channels_last:
             features = [f.permute(0, 3, 1, 2) for f in features]
+        if self.unet:
+            return self.decoder(images, features)
         logits = self.decoder(self.neck(features) if self.neck is not None else features)
         return F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
+
+
+def check_decoder(decoder: str, neck: Optional[str], reductions: Sequence[float]) -> None:
+    """One-line errors for a ``module.decoder`` that is unknown, or ``unet`` on levels that are not strides 4-32."""
+    if decoder not in DECODERS:
+        raise ValueError(f"module.decoder={decoder!r}; choose one of {'|'.join(DECODERS)}")
+    if decoder == "unet" and (neck is not None or list(reductions) != [4, 8, 16, 32]):
+        raise ValueError(
+            f"module.decoder=unet decodes a pyramid's levels at strides 4, 8, 16, 32, not {list(reductions)}"
+            f"{' through module.neck' if neck else ''}; use a pyramid export (docs/pyramids.md) and no module.neck, "
+            f"or module.decoder=mlp"
+        )

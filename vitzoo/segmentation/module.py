@@ -35,7 +35,8 @@ class SegmentationModule(L.LightningModule):
     ``backbone``: an export directory (``python -m vitzoo.export ... --no-head``) or an
     architecture name (then ``attention`` / ``model_kwargs`` apply). ``out_indices`` picks the
     feature levels (default: the backbone's own, e.g. 4 blocks spread over a ViT's depth); ``neck=simple_fpn``
-    builds ViTDet's pyramid from a plain ViT's last level instead (``SegmentationNet``). The
+    builds ViTDet's pyramid from a plain ViT's last level instead, ``decoder=unet`` decodes a pyramid's levels
+    with smp's U-Net decoder and a pixel stem up to stride 1 (``SegmentationNet``). The
     backbone learns at ``lr * backbone_lr_ratio``; AdamW with warmup + cosine, stepped per batch.
 
     Validation and test take one image at its native size (``sliding_window_probs`` with ``window``, the
@@ -69,6 +70,7 @@ class SegmentationModule(L.LightningModule):
         loss: str = SegmentationOptions.loss,
         class_weights: Optional[Union[str, Sequence[float]]] = SegmentationOptions.class_weights,
         neck: Optional[str] = SegmentationOptions.neck,
+        decoder: str = SegmentationOptions.decoder,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -77,7 +79,7 @@ class SegmentationModule(L.LightningModule):
         balanced = class_weights == "balanced"
         self.criterion = SegmentationLoss(loss, num_classes, ignore_index, None if balanced else class_weights)
         encoder = create_backbone(backbone, attention, out_indices, model_kwargs, in_chans)
-        self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout, neck)
+        self.net = SegmentationNet(encoder, num_classes, decoder_channels, dropout, neck, decoder)
         self.confusion = nn.ModuleDict(
             {stage: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index) for stage in ("val", "test")}
         )
