@@ -74,7 +74,7 @@ MODELS = "unet, an export directory, or smp-unet|smp-unet+stem|smp-fpn:<export d
 class PixelStem(nn.Module):
     """smp's universal encoder over a pyramid, its empty stride-2 level (the pyramid starts at stride 4) filled by
     vitzoo's ``pixel_stem`` (two 3x3 convolutions of the pixels, as a ResNet's first conv fills it), so the U-Net's
-    stride-2 block sees where a thin structure lies: ``module.decoder=unet``'s decoder, through smp's encoder."""
+    stride-2 block sees where a thin structure lies: ``module.decoder=unet+stem``'s decoder, through smp's encoder."""
 
     def __init__(self, encoder: nn.Module, channels: int):
         super().__init__()

@@ -1,4 +1,4 @@
-"""module.decoder=unet: smp's U-Net decoder with a pixel stem over a pyramid's four levels, decoded to stride 1."""
+"""module.decoder=unet / unet+stem: smp's U-Net decoder over a pyramid's four levels (and a pixel stem), to stride 1."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def _lines(n: int = 2, size: int = 32):
     return images, masks
 
 
-def test_unet_decoder_learns_one_pixel_lines_at_full_resolution():
+def test_unet_decoder_with_its_stem_learns_one_pixel_lines_at_full_resolution():
     torch.manual_seed(0)
-    net = SegmentationNet(create_backbone("pvt_v2_b0", "linear", model_kwargs=TINY), 2, decoder="unet")
+    net = SegmentationNet(create_backbone("pvt_v2_b0", "linear", model_kwargs=TINY), 2, decoder="unet+stem")
     images, masks = _lines()
     assert net(images).shape == (2, 2, 32, 32)
     criterion, optimizer = SegmentationLoss("ce+dice", 2, 255), torch.optim.AdamW(net.parameters(), lr=3e-3)
@@ -45,13 +45,13 @@ def test_unet_decoder_refuses_levels_that_are_not_a_pyramid():
     vit = vitzoo.create_model("vit_cifar", features_only=True, depth=1, embed_dim=32, num_heads=1)
     with pytest.raises(ValueError, match=r"module.decoder=unet decodes a pyramid's levels at strides 4, 8, 16, 32"):
         SegmentationNet(vit, 2, decoder="unet")
-    with pytest.raises(ValueError, match=r"module.decoder='fpn'; choose one of mlp\|unet"):
+    with pytest.raises(ValueError, match=r"module.decoder='fpn'; choose one of mlp\|unet\|unet\+stem"):
         SegmentationNet(vit, 2, decoder="fpn")
 
 
 def test_segment_thin_config_builds_the_unet_decoder_over_a_pyramid_export(tmp_path):
-    """--config-name segment_thin: the thin-structure settings over a pyramid export, the stem in the decoder's
-    parameter group (the full learning rate)."""
+    """--config-name segment_thin: the thin-structure settings over a pyramid export (smp's U-Net decoder as
+    smp.Unet builds it over a pyramid, the backbone at the full learning rate)."""
     from hydra.utils import instantiate
 
     from conftest import compose_config
@@ -62,5 +62,6 @@ def test_segment_thin_config_builds_the_unet_decoder_over_a_pyramid_export(tmp_p
     cfg = compose_config(tmp_path, overrides, "segment_thin")
     assert (cfg.data.img_size, cfg.module.loss, cfg.module.class_weights) == (96, "ce+dice", "balanced")
     module = instantiate(cfg.module)
-    assert module.hparams.decoder == "unet" and module.net.decoder.stem is not None
+    assert module.hparams.decoder == "unet" and module.net.decoder.stem is None  # smp.Unet("tu-<pyramid>")'s
     assert module.hparams.backbone_lr_ratio == 1.0
+    assert module(torch.rand(1, 3, 64, 64)).shape == (1, 2, 64, 64)

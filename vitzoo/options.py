@@ -336,7 +336,7 @@ class SegmentationOptions:
     model_kwargs: Any = None  # a mapping of timm kwargs for an arch from scratch
     out_indices: Optional[List[int]] = None  # feature levels; None = the backbone's own (4 blocks over a ViT's depth)
     neck: Optional[str] = None  # simple_fpn: ViTDet's pyramid (strides patch/4 .. 2 x patch) from a plain ViT's map
-    decoder: str = "mlp"  # mlp: SegFormer's all-MLP head | unet: smp's U-Net decoder + pixel stem, for pyramids
+    decoder: str = "mlp"  # mlp: SegFormer's all-MLP head | unet: smp's U-Net decoder, for pyramids | unet+stem
     decoder_channels: int = 128  # the mlp decoder's and simple_fpn's
     loss: str = "ce"  # ce | dice | focal | lovasz | ce+dice (dice, focal, lovasz: segmentation_models_pytorch's)
     class_weights: Any = None  # balanced (inverse pixel frequency of the training masks) | [w_0, w_1, ...] | None

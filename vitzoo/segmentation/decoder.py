@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 __all__ = ["DECODERS", "MLPDecoder", "UNetDecoder", "pixel_stem"]
 
-DECODERS = ("mlp", "unet")  # module.decoder
+DECODERS = ("mlp", "unet", "unet+stem")  # module.decoder
 UNET_CHANNELS = (256, 128, 64, 32, 16)  # smp's U-Net decoder, strides 16, 8, 4, 2, 1
 
 
@@ -54,21 +54,24 @@ def pixel_stem(in_channels: int, channels: int) -> nn.Module:
 
 
 class UNetDecoder(nn.Module):
-    """smp's U-Net decoder over a pyramid's four levels (strides 4-32) and a :func:`pixel_stem` at stride 2, decoded
-    to stride 1 (``UNET_CHANNELS``) and classified by a 3x3 conv: a thin structure keeps its position to the pixel.
-    ``forward(images, features)`` takes the normalised images and the levels; logits at the images' size."""
+    """smp's U-Net decoder over a pyramid's four levels (strides 4-32), decoded to stride 1 (``UNET_CHANNELS``) and
+    classified by a 3x3 conv, as ``smp.Unet("tu-<pyramid>")`` builds it: its stride-2 level empty, or with ``stem``
+    channels a :func:`pixel_stem` there. ``forward(images, features)`` takes the normalised images and the levels;
+    logits at the images' size."""
 
-    def __init__(self, in_channels: Sequence[int], num_classes: int, stem: int = 32, image_channels: int = 3):
+    def __init__(self, in_channels: Sequence[int], num_classes: int, stem: int = 0, image_channels: int = 3):
         super().__init__()
         from segmentation_models_pytorch.base.heads import SegmentationHead
         from segmentation_models_pytorch.base.initialization import initialize_decoder, initialize_head
         from segmentation_models_pytorch.decoders.unet.decoder import UnetDecoder
 
-        self.stem = pixel_stem(image_channels, stem)
+        self.stem = pixel_stem(image_channels, stem) if stem else None
         self.decoder = UnetDecoder([image_channels, stem, *in_channels], UNET_CHANNELS, len(UNET_CHANNELS))
         self.head = SegmentationHead(UNET_CHANNELS[-1], num_classes, kernel_size=3)
         initialize_decoder(self.decoder)
         initialize_head(self.head)
 
     def forward(self, images: torch.Tensor, features: List[torch.Tensor]) -> torch.Tensor:
-        return self.head(self.decoder([images, self.stem(images), *features]))
+        B, _, H, W = images.shape
+        half = self.stem(images) if self.stem is not None else images.new_empty(B, 0, H // 2, W // 2)
+        return self.head(self.decoder([images, half, *features]))

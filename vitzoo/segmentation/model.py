@@ -73,8 +73,9 @@ class SegmentationNet(nn.Module):
     H and W must be multiples of the backbone's largest feature stride (the patch size for a ViT).
     ``neck="simple_fpn"`` feeds the decoder ViTDet's pyramid (strides p/4 .. 2p) built from a plain ViT's
     last map instead of the backbone's levels; a backbone with a pyramid of its own refuses it.
-    ``decoder="unet"`` decodes a pyramid's levels (strides 4, 8, 16, 32) with smp's U-Net decoder and a pixel stem
-    at stride 2, up to stride 1 (``UNetDecoder``; ``channels`` and ``dropout`` are the MLP decoder's).
+    ``decoder="unet"`` decodes a pyramid's levels (strides 4, 8, 16, 32) with smp's U-Net decoder up to stride 1,
+    ``"unet+stem"`` with a pixel stem at stride 2 too (``UNetDecoder``; ``channels`` and ``dropout`` are the MLP
+    decoder's).
     """
 
     def __init__(
@@ -96,9 +97,10 @@ class SegmentationNet(nn.Module):
         self.neck = SimpleFeaturePyramid(backbone.feature_info.channels()[-1], self.stride, channels) if neck else None
         levels = self.neck.channels() if neck else backbone.feature_info.channels()
         self.in_chans = _first_conv(backbone).in_channels
-        self.unet = decoder == "unet"
+        self.unet = decoder.startswith("unet")
         if self.unet:
-            self.decoder: nn.Module = UNetDecoder(levels, num_classes, image_channels=self.in_chans)
+            stem = 32 if decoder == "unet+stem" else 0
+            self.decoder: nn.Module = UNetDecoder(levels, num_classes, stem, image_channels=self.in_chans)
         else:
             self.decoder = MLPDecoder(levels, num_classes, channels, dropout)
         cfg = backbone.pretrained_cfg
@@ -123,12 +125,12 @@ class SegmentationNet(nn.Module):
 
 
 def check_decoder(decoder: str, neck: Optional[str], reductions: Sequence[float]) -> None:
-    """One-line errors for a ``module.decoder`` that is unknown, or ``unet`` on levels that are not strides 4-32."""
+    """One-line errors for a ``module.decoder`` that is unknown, or a U-Net on levels that are not strides 4-32."""
     if decoder not in DECODERS:
         raise ValueError(f"module.decoder={decoder!r}; choose one of {'|'.join(DECODERS)}")
-    if decoder == "unet" and (neck is not None or list(reductions) != [4, 8, 16, 32]):
+    if decoder.startswith("unet") and (neck is not None or list(reductions) != [4, 8, 16, 32]):
         raise ValueError(
-            f"module.decoder=unet decodes a pyramid's levels at strides 4, 8, 16, 32, not {list(reductions)}"
+            f"module.decoder={decoder} decodes a pyramid's levels at strides 4, 8, 16, 32, not {list(reductions)}"
             f"{' through module.neck' if neck else ''}; use a pyramid export (docs/pyramids.md) and no module.neck, "
             f"or module.decoder=mlp"
         )

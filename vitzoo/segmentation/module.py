@@ -36,7 +36,7 @@ class SegmentationModule(L.LightningModule):
     architecture name (then ``attention`` / ``model_kwargs`` apply). ``out_indices`` picks the
     feature levels (default: the backbone's own, e.g. 4 blocks spread over a ViT's depth); ``neck=simple_fpn``
     builds ViTDet's pyramid from a plain ViT's last level instead, ``decoder=unet`` decodes a pyramid's levels
-    with smp's U-Net decoder and a pixel stem up to stride 1 (``SegmentationNet``). The
+    with smp's U-Net decoder up to stride 1 (``unet+stem``: a pixel stem at stride 2 too; ``SegmentationNet``). The
     backbone learns at ``lr * backbone_lr_ratio``; AdamW with warmup + cosine, stepped per batch.
 
     Validation and test take one image at its native size (``sliding_window_probs`` with ``window``, the
