@@ -307,6 +307,7 @@ def collect(work: Path, names: List[str], budget: str = "cpu", teacher_dir: Opti
     cells = robustness_cells(teacher_dir, "teacher", work / "teacher" / "robustness")
     teacher_robustness = dict(zip(TEACHER_ROBUSTNESS, cells.values()))
     scratch = scratch_accuracy(budget)
+    control = teacher_row(budget).preset  # the teacher's own mechanism as a student: what more training alone gives
     rows = []
     for name in names:
         preset, tag = split_name(name)
@@ -316,7 +317,9 @@ def collect(work: Path, names: List[str], budget: str = "cpu", teacher_dir: Opti
             continue
         w1, w2 = _read(work / name / "stage1" / "wall_s.json"), _read(work / name / "stage2" / "wall_s.json")
         row = {
-            "mechanism": labels.get(preset, preset) + (f", {tag}" if tag else ""),
+            "mechanism": labels.get(preset, preset)
+            + (" (control)" if preset == control else "")
+            + (f", {tag}" if tag else ""),
             "preset": name,
             "loaded": loaded and loaded["val/acc1"],
             "stage 1": s1 and s1["val/acc1"],
@@ -411,7 +414,7 @@ def plot(rows: List[dict], path: Path, work: Path, budget: str, teacher_dir: Pat
     import matplotlib.pyplot as plt
 
     robust = any(isinstance(row[key], float) for row in rows for key in ROBUSTNESS)
-    width_in = max(7.0, 1.6 + 1.3 * len(rows))
+    width_in = max(9.0, 1.6 + 1.3 * len(rows))  # the titles fit
     fig, axes = plt.subplots(2 if robust else 1, 1, figsize=(width_in, 8.6 if robust else 4.6), squeeze=False)
     ax = axes[0, 0]
     _bars(ax, rows, ("loaded", "stage 1", "stage 2", "from scratch"))

@@ -253,9 +253,13 @@ def test_a_pyramid_report_reads_the_given_teacher_run_and_the_pyramid_zoos_scrat
         )
     monkeypatch.setattr(transfer_table, "scratch_dir", lambda budget: tmp_path / "docs" / budget / "per-run")
 
-    rows = transfer_table.collect(work, ["pvt_v2_b0_pola"], "pyramid", zoo_run)
+    _write(work / "pvt_v2_b0_softmax" / "loaded.json", {"val/acc1": 0.55, "num_images": 5000})
+    _write(work / "pvt_v2_b0_softmax" / "stage2" / "metrics.json", {"val/acc1": 0.54, "global_step": 8})
+
+    rows = transfer_table.collect(work, ["pvt_v2_b0_pola", "pvt_v2_b0_softmax"], "pyramid", zoo_run)
     transfer_table.write_report(rows, out, work, "pyramid", zoo_run)
-    (row,) = rows
+    row, control = rows
+    assert control["mechanism"] == "softmax (control)"  # the teacher's own mechanism through the same stages
     assert (row["mechanism"], row["teacher"], row["from scratch"]) == ("PolaFormer", 0.55, 0.5)  # seed 0's
     assert row["% of teacher"] == pytest.approx(80.0)
     assert (row["teacher mean corruption accuracy (15x5)"], row["teacher PGD L-inf 2/255"]) == (0.5, 0.2)
