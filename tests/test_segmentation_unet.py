@@ -50,8 +50,8 @@ def test_unet_decoder_refuses_levels_that_are_not_a_pyramid():
 
 
 def test_segment_thin_config_builds_the_unet_decoder_over_a_pyramid_export(tmp_path):
-    """--config-name segment_thin: the thin-structure settings over a pyramid export (smp's U-Net decoder as
-    smp.Unet builds it over a pyramid, the backbone at the full learning rate)."""
+    """--config-name segment_thin: the thin-structure settings over a pyramid export (smp's U-Net decoder with the
+    pixel stem, Dice, the backbone at the full learning rate)."""
     from hydra.utils import instantiate
 
     from conftest import compose_config
@@ -60,8 +60,8 @@ def test_segment_thin_config_builds_the_unet_decoder_over_a_pyramid_export(tmp_p
     export = export_model(vitzoo.create_model("pvt_v2_b0", attention="linear", **TINY), tmp_path / "pvt", head=False)
     overrides = [f"module.backbone={export}", f"data.root={tmp_path}", "data.num_classes=2"]
     cfg = compose_config(tmp_path, overrides, "segment_thin")
-    assert (cfg.data.img_size, cfg.module.loss, cfg.module.class_weights) == (96, "ce+dice", "balanced")
+    assert (cfg.data.img_size, cfg.module.loss, cfg.module.class_weights) == (96, "dice", "balanced")
     module = instantiate(cfg.module)
-    assert module.hparams.decoder == "unet" and module.net.decoder.stem is None  # smp.Unet("tu-<pyramid>")'s
+    assert module.hparams.decoder == "unet+stem" and module.net.decoder.stem is not None
     assert module.hparams.backbone_lr_ratio == 1.0
     assert module(torch.rand(1, 3, 64, 64)).shape == (1, 2, 64, 64)
