@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+import pytest
 import timm
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,8 @@ def check_features(name: str, channels: Tuple[int, ...], size=(64, 96)) -> None:
     assert (
         model.forward_intermediates(x, indices=[1], intermediates_only=True, stop_early=True)[0].shape[1] == channels[1]
     )
+    with pytest.raises(ValueError, match=r"stage outputs are NCHW maps; give output_fmt='NCHW'"):
+        model.forward_intermediates(x, output_fmt="NHWC")
 
 
 def check_smp_unet_trains(name: str) -> None:

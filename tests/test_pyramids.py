@@ -250,6 +250,19 @@ def test_pvt_position_tables_resample_at_another_input_size():
     torch.testing.assert_close(model._pos_embed(3, (2, 2)), model.pos_embed4)  # the built size: the table itself
 
 
+def test_pvt_forward_intermediates_ends_where_forward_features_does():
+    model = small("pvt_tiny").eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x, indices=[1, 3], norm=True)
+        torch.testing.assert_close(final, model.forward_features(x))  # stage 4's normed tokens, class token first
+        torch.testing.assert_close(maps[1], final[:, 1:].transpose(1, 2).reshape(2, -1, 2, 2))
+        early, (second,) = model.forward_intermediates(x, indices=[1], stop_early=True)
+    torch.testing.assert_close(early, second)  # stopped after stage 2: its map, not normed
+    with pytest.raises(ValueError, match=r"PyramidVisionTransformer's stage outputs are NCHW maps"):
+        model.forward_intermediates(x, output_fmt="NLC")
+
+
 # -- published presets ----------------------------------------------------------------------------------
 OFFICIAL_PARAMS = {
     "pvt_tiny": 13_229_288,

@@ -143,7 +143,7 @@ class Mlla(StagedNet):
                 for j in range(depths[i])
             )
             self.layers.append(MllaStage(blocks, MllaMerging(dims[i]) if i < len(depths) - 1 else None))
-        self.feature_info = [dict(num_chs=d, reduction=4 * 2**i, module=f"layers.{i}") for i, d in enumerate(dims)]
+        self.set_stage_features(dims)
         self.num_features = self.head_hidden_size = dims[-1]
         self.norm: nn.Module = norm(dims[-1])
         self.reset_classifier(num_classes)

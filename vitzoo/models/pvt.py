@@ -15,7 +15,6 @@ import torch.fx
 import torch.nn as nn
 import torch.utils.checkpoint
 from timm.layers import LayerNorm, to_2tuple, trunc_normal_
-from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import Block
 
 from vitzoo.attention import ZooAttention, attention_layer
@@ -24,6 +23,7 @@ from vitzoo.attention.grid import Layout, resample_tokens
 from .pyramid import stage_attention, with_defaults, zoo_layers
 from .builders import build_pyramid, imagenet_cfg, trunc_normal_init
 from .registry import zoo_cfgs, zoo_model
+from .stage_maps import StageMaps
 
 __all__ = ["PyramidVisionTransformer", "PVT_ARCHS"]
 
@@ -44,7 +44,7 @@ class PatchEmbed(nn.Module):
         return self.norm(x.flatten(2).transpose(1, 2)), grid
 
 
-class PyramidVisionTransformer(nn.Module):
+class PyramidVisionTransformer(StageMaps, nn.Module):
     """PVT v1; ``attention``: one spec, one per stage, or per block (``vitzoo.models.pyramid``).
 
     Mechanisms that reduce keys get the stage's ``sr_ratios`` entry unless their spec sets one. The position tables
@@ -165,35 +165,20 @@ class PyramidVisionTransformer(nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Optional[Union[int, List[int]]] = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ):
-        """timm's feature API: the NCHW output of each stage in ``indices`` (stage 4's without its class token)."""
-        if output_fmt != "NCHW":
-            raise ValueError(f"output_fmt={output_fmt!r}: PVT gives NCHW stage outputs")
-        take, max_index = feature_take_indices(self.num_stages, indices)
-        last = max_index if stop_early else self.num_stages - 1
-        intermediates = []
-        for s in range(last + 1):
+    def stage_maps(
+        self, x: torch.Tensor, take: List[int], stages: int, norm: bool
+    ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Stage 4's map without its class token (normed with ``norm``); the last output normed if it is stage 4's."""
+        maps = []
+        for s in range(stages):
             x, grid = self._stage(x, s)
             final = s == self.num_stages - 1
             if s in take:
                 feature = self.norm(x) if final and norm else x
-                intermediates.append(self._to_map(feature, grid, self.num_prefix_tokens if final else 0))
+                maps.append(self._to_map(feature, grid, self.num_prefix_tokens if final else 0))
             if not final:
                 x = self._to_map(x, grid, 0)
-        if intermediates_only:
-            return intermediates
-        return (self.norm(x) if last == self.num_stages - 1 else x), intermediates
+        return (self.norm(x) if stages == self.num_stages else x), maps
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable

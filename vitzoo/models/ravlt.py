@@ -173,9 +173,7 @@ class Ravlt(StagedNet):
             )
             last = i == len(depths) - 1
             self.layers.append(RavltStage(blocks, None if last else PatchMerging(dim, embed_dims[i + 1])))
-        self.feature_info = [
-            dict(num_chs=d, reduction=4 * 2**i, module=f"layers.{i}") for i, d in enumerate(embed_dims)
-        ]
+        self.set_stage_features(embed_dims)
         self.num_features = self.head_hidden_size = projection
         self.proj: nn.Module = nn.Conv2d(embed_dims[-1], projection, 1)
         self.norm: nn.Module = nn.BatchNorm2d(projection)

@@ -14,6 +14,7 @@ from timm.models._features import feature_take_indices
 
 from vitzoo.attention import ZooAttention
 from vitzoo.attention.base import share_grid
+from .stage_maps import StageMaps
 
 __all__ = ["STAGED_FEATURES", "Stage", "StagedNet", "drop_path_rates", "stage_grids"]
 
@@ -65,7 +66,7 @@ class Stage(nn.Module):
         return out, out if self.downsample is None else self.downsample(out)
 
 
-class StagedNet(nn.Module):
+class StagedNet(StageMaps, nn.Module):
     """A stem (``patch_embed``), ``layers`` of ``Stage``s and a head (``forward_head``, ``reset_classifier``,
     ``drop_head``); ``feature_info`` lists each stage's output map."""
 
@@ -104,30 +105,23 @@ class StagedNet(nn.Module):
             _, x = layer(x)
         return x
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    def set_stage_features(self, dims: Sequence[int]) -> None:
+        """``feature_info`` and ``num_stages`` for stages of ``dims`` channels at strides 4, 8, 16, ..."""
+        self.num_stages = len(dims)
+        self.feature_info = [dict(num_chs=d, reduction=4 * 2**i, module=f"layers.{i}") for i, d in enumerate(dims)]
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: Optional[Union[int, List[int]]] = None,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ):
-        """timm's: the output maps (B, C_s, h_s, w_s) of the stages ``indices`` takes (``norm`` has no use: no norm
-        follows a stage), and the last stage's input to the head unless ``intermediates_only``."""
-        if output_fmt != "NCHW":
-            raise ValueError(f"output_fmt={output_fmt!r}: the stage maps are NCHW; give output_fmt='NCHW'")
-        take, max_index = feature_take_indices(len(self.layers), indices)
+    def stage_maps(
+        self, x: torch.Tensor, take: List[int], stages: int, norm: bool
+    ) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Each stage's output map before its downsampling (``norm`` has no use: no norm follows a stage); the last
+        stage run's output after it."""
         x = self.patch_embed(x)
-        features = []
-        for index, layer in enumerate(self.layers[: max_index + 1] if stop_early else self.layers):
+        maps = []
+        for index, layer in enumerate(self.layers[:stages]):
             out, x = layer(x)
             if index in take:
-                features.append(out)
-        return features if intermediates_only else (x, features)
+                maps.append(out)
+        return x, maps
 
     def prune_intermediate_layers(
         self, indices: Union[int, List[int]] = 1, prune_norm: bool = False, prune_head: bool = True
@@ -137,6 +131,7 @@ class StagedNet(nn.Module):
         take, max_index = feature_take_indices(len(self.layers), indices)
         if max_index < len(self.layers) - 1:
             self.layers = self.layers[: max_index + 1]
+            self.num_stages = max_index + 1
             cast(Stage, self.layers[-1]).downsample = None
             self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
             prune_head = True
