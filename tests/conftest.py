@@ -5,6 +5,7 @@ command line too."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Mapping, Optional, Sequence
 import cv2
 import lightning as L
 import numpy as np
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,6 +26,23 @@ CONFIGS = ROOT / "configs"
 sys.path.append(
     str(ROOT / "benchmarks")
 )  # the benchmark scripts' modules (zoo, zoo_results, ...), as they see each other
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each of pytest-xdist's workers (addopts: one a core) runs torch on one thread, its subprocesses too: threads
+    # sharing a core with another worker's wait for each other (a digits run took 4x the CPU time on two threads).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+# Files of a minute or more: collected first, so that pytest-xdist's workers (addopts: --dist loadfile) start them
+# first and a run does not end on one of them alone.
+LONGEST_FIRST = ("test_zoo_harness.py", "test_deploy_onnx.py", "test_deploy_pyramids.py", "test_robustness.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the other files keep their order
+
 
 ATTACKS = "needs torchattacks: pip install --no-deps torchattacks==3.5.1 (bash .ci/run installs it)"
 register_configs()  # the option schemas configs/ builds on

@@ -168,7 +168,7 @@ def test_transfer_teaches_only_the_converted_blocks(tmp_path):
 @pytest.mark.parametrize("block", ["timm", "mlla"])
 def test_both_onnx_exporters_carry_a_stack_and_the_mlla_block(block, dynamo):
     """A stack of the recent mechanisms, in timm's block and in MLLA's, in onnxruntime at another batch size."""
-    from test_deploy import assert_logits, onnx_logits
+    from deploy_checks import assert_logits, onnx_logits
 
     model = vit(["mlla", {"name": "lion", "decay": "selective", "chunk": 8}, "pola", "softmax"], block=block)
     x, other = torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)
