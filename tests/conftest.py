@@ -34,9 +34,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-# Files of a minute or more: collected first, so that pytest-xdist's workers (addopts: --dist loadfile) start them
-# first and a run does not end on one of them alone.
-LONGEST_FIRST = ("test_zoo_harness.py", "test_deploy_onnx.py", "test_deploy_pyramids.py", "test_robustness.py")
+# Files of 40 s or more, longest first: collected first, so that pytest-xdist's workers (addopts: --dist loadfile)
+# start them first and a run does not end on one of them alone.
+LONGEST_FIRST = (
+    "test_zoo_harness.py",
+    "test_deploy_onnx.py",
+    "test_deploy_pyramids.py",
+    "test_robustness.py",
+    "test_configs.py",
+    "test_deploy.py",
+    "test_gpu_kit.py",
+    "test_training.py",
+    "test_packaging.py",
+    "test_failed_starts.py",
+)
 
 
 def pytest_collection_modifyitems(items) -> None:
