@@ -34,8 +34,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-# Files of 40 s or more, longest first: collected first, so that pytest-xdist's workers (addopts: --dist loadfile)
-# start them first and a run does not end on one of them alone.
+# Files of 40 s or more, longest first: collected first, so that pytest-xdist's workers (addopts: --dist loadfile,
+# files in collection order) start them first and a run does not end on one of them alone.
 LONGEST_FIRST = (
     "test_zoo_harness.py",
     "test_deploy_onnx.py",
