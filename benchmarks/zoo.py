@@ -23,6 +23,7 @@ Phases (``--phases``, default all, each skips what is already done, so a stopped
   into ``--out``, drawn from every result file in per-run/.
 
     python benchmarks/zoo.py --budget gpu --phases report --merge /elsewhere/zoo/per-run   # join another call's runs
+    python benchmarks/zoo.py --budget pyramid --data ... --per-run --seeds 1   # only the second seeds
 
 ``--per-run`` takes each run through every phase (an eval.py call of its own, into its run dir) and writes its
 result file before the next run starts: a call that is stopped (a GPU loan's time limit) keeps what it finished.
@@ -217,6 +218,12 @@ def parse_args(argv=None):
     p.add_argument("--phases", default=",".join(PHASES), help="comma list from " + ",".join(PHASES))
     p.add_argument("--presets", default=None, help="comma list of presets (default: all)")
     p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma list of seeds (default: each preset's seeds in the budget); e.g. 1 to add the second seeds "
+        "without training the first ones again on another machine",
+    )
+    p.add_argument(
         "--override",
         action="append",
         default=[],
@@ -267,7 +274,11 @@ def main(argv=None) -> None:
     if unknown:
         raise SystemExit(f"unknown preset(s) {unknown} for the {args.budget} budget; choose from {', '.join(names)}")
     work = (args.work or ROOT / "logs" / "zoo" / args.budget).resolve()
-    runs = plan(budget, work, only)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
+    except ValueError:
+        raise SystemExit(f"--seeds takes a comma list of integers (e.g. --seeds 1), not {args.seeds!r}") from None
+    runs = plan(budget, work, only, seeds)
     if "train" in phases or "eval" in phases:
         if args.data is None:
             raise SystemExit("--data is required for the train and eval phases")

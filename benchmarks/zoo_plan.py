@@ -195,15 +195,19 @@ class Run:
         return f"{self.preset}_s{self.seed}"
 
 
-def plan(budget: Budget, work: Path, only: Optional[Sequence[str]]) -> List[Run]:
-    """The runs of the budget's rows (``only``: of these presets), every row's first seed before any second one,
-    so that a call stopped halfway has as many rows as it can."""
+def plan(budget: Budget, work: Path, only: Optional[Sequence[str]], seeds: Optional[Sequence[int]] = None) -> List[Run]:
+    """The runs of the budget's rows (``only``: of these presets; ``seeds``: of these seeds), every row's first seed
+    before any second one, so that a call stopped halfway has as many rows as it can."""
+    rows = [row for row in budget_rows(budget) if not only or row.preset in only]
     runs = [
         Run(row, seed, work / row.preset / f"seed{seed}")
-        for row in budget_rows(budget)
-        if not only or row.preset in only
+        for row in rows
         for seed in budget.seeds.get(row.preset, (0,))
+        if seeds is None or seed in seeds
     ]
+    if seeds is not None and not runs:
+        offered = sorted({s for row in rows for s in budget.seeds.get(row.preset, (0,))})
+        raise SystemExit(f"no run of these presets has seed(s) {sorted(seeds)}; their seeds are {offered}")
     return sorted(runs, key=lambda run: budget.seeds.get(run.preset, (0,)).index(run.seed))
 
 

@@ -61,6 +61,14 @@ def test_every_row_has_its_first_seed_before_any_second(tmp_path):
     assert {r.preset for r in runs if r.seed == 1} == {"pvt_v2_b0_softmax", "pvt_v2_b0_linear"}
 
 
+def test_seeds_picks_the_second_seeds_alone_and_names_the_seeds_a_preset_has(tmp_path):
+    runs = plan(PYRAMID, tmp_path, None, seeds=[1])
+    assert [(r.preset, r.seed) for r in runs] == [("pvt_v2_b0_softmax", 1), ("pvt_v2_b0_linear", 1)]
+    assert runs[0].dir == tmp_path / "pvt_v2_b0_softmax" / "seed1"
+    with pytest.raises(SystemExit, match=r"seed\(s\) \[1\]; their seeds are \[0\]"):
+        plan(PYRAMID, tmp_path, ["pvt_v2_b0_pola"], seeds=[1])
+
+
 def test_the_table_sets_each_row_beside_the_vit_row_of_its_mechanism(tmp_path):
     (tmp_path / "cpu").mkdir()
     with open(tmp_path / "cpu" / "results.csv", "w", newline="") as f:
