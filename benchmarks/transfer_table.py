@@ -27,7 +27,9 @@ takes such names in ``--presets``. A run with a metrics.json is done; one with a
 (``wall_s.json``) sums its attempts. The ``robustness`` phase runs eval.py on the teacher's and each finished stage
 2's best checkpoint (the 15 benchmark corruptions x 5 severities and PGD L-inf 2/255 on the first 1,000 images of
 the val split they trained on) into ``teacher/robustness/`` and ``<preset>/robustness/``; one with a robustness.json
-is done. The report goes to ``--out`` (results.md, results.csv, transfer.png).
+is done. The report goes to ``--out`` (results.md, results.csv, transfer.png, and context.json: what its notes and
+plot say about the runs); a row of ``--presets`` whose runs are not under ``--work`` (the table came from another
+machine) is kept from the previous results.csv, its from-scratch cell read from the zoo again.
 """
 
 from __future__ import annotations
@@ -368,14 +370,57 @@ def _scratch_source(budget: str) -> str:
     return f"docs/zoo/{budget}" + (f", {images:,} training images" if images else "")
 
 
-def _notes(work: Path, budget: str, teacher_dir: Path) -> List[str]:
+def report_context(work: Path, first: str, teacher_dir: Path, previous: Path) -> dict:
+    """What the notes and the plot say about the runs: the teacher's training and best val top-1, the images each
+    stage saw, the input size and the val images of the first row's runs. A value its run does not hold here (a
+    report made on a machine without the runs) comes from ``previous``, the context.json of the last report."""
+    loaded, metrics = _read(work / first / "loaded.json"), _read(teacher_dir / "metrics.json")
+    found = {
+        "teacher": teacher_training(teacher_dir),
+        "teacher best": metrics and metrics["best_score"],
+        "images": _images(work, first),
+        "img size": _img_size(work, first),
+        "val images": loaded and loaded["num_images"],
+    }
+    missing = {None, "?", (0, 0)}
+    old = _read(previous) or {}
+    return {k: old.get(k, v) if (tuple(v) if isinstance(v, list) else v) in missing else v for k, v in found.items()}
+
+
+def kept_rows(rows: List[dict], names: List[str], out: Path, budget: str) -> List[dict]:
+    """``rows`` with, in ``names``' order, the rows of ``out``/results.csv whose runs are not under the work folder
+    (a report on a machine without them keeps them as they were, the from-scratch cell read from the zoo again)."""
+    found = {row["preset"]: row for row in rows}
+    if not (out / "results.csv").is_file():
+        return rows
+    with open(out / "results.csv", newline="") as f:
+        previous = {row["preset"]: row for row in csv.DictReader(f)}
+    scratch, merged = scratch_accuracy(budget), []
+    for name in names:
+        if name in found:
+            merged.append(found[name])
+        elif name in previous:
+            print(f"[report] {name}: its runs are not under the work folder; its row is kept from {out}/results.csv")
+            merged.append({**{k: _csv_value(v) for k, v in previous[name].items()}, "from scratch": scratch.get(name)})
+    return merged
+
+
+def _csv_value(text: str):
+    if text == "":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _notes(context: dict, budget: str) -> List[str]:
     """The lines under the table: the teacher as trained, and what the robustness columns measure."""
-    teacher, lines = teacher_training(teacher_dir), []
-    if teacher is not None:
-        best = _read(teacher_dir / "metrics.json")["best_score"]
+    lines = []
+    if context["teacher"] is not None:
         lines.append(
-            f"- teacher: {teacher_row(budget).preset}, {teacher}, val top-1 {best:.1%} (its best checkpoint, which "
-            f"every student loads); from scratch: {_scratch_source(budget)}"
+            f"- teacher: {teacher_row(budget).preset}, {context['teacher']}, val top-1 {context['teacher best']:.1%} "
+            f"(its best checkpoint, which every student loads); from scratch: {_scratch_source(budget)}"
         )
     lines.append(
         f"- {ROBUSTNESS[0]}, {ROBUSTNESS[1]}: `eval.py robustness=benchmark` on the best checkpoint of "
@@ -392,20 +437,22 @@ def write_report(
 ) -> None:
     teacher_dir = teacher_dir or work / "teacher"
     out.mkdir(parents=True, exist_ok=True)
+    context = report_context(work, rows[0]["preset"], teacher_dir, out / "context.json") if rows else {}
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(k, row[k]) for k in COLUMNS) + " |" for row in rows]
-    lines += ["", *_notes(work, budget, teacher_dir)]
+    lines += ["", *_notes(context, budget)] if rows else []
     (out / "results.md").write_text("\n".join(lines) + "\n")
     if rows:
-        plot(rows, out / "transfer.png", work, budget, teacher_dir)
+        (out / "context.json").write_text(json.dumps(context, indent=1) + "\n")
+        plot(rows, out / "transfer.png", budget, context)
     print("\n".join(lines))
 
 
-def plot(rows: List[dict], path: Path, work: Path, budget: str, teacher_dir: Path) -> None:
+def plot(rows: List[dict], path: Path, budget: str, context: dict) -> None:
     """Val accuracy per stage beside from scratch and the teacher; below it, where the robustness phase ran, each
     converted network's robustness beside its teacher's."""
     import matplotlib
@@ -422,14 +469,13 @@ def plot(rows: List[dict], path: Path, work: Path, budget: str, teacher_dir: Pat
     if teacher:
         ax.axhline(teacher * 100, color="k", linestyle="--", linewidth=1, label="softmax teacher")
         ax.axhline(teacher * 95, color="grey", linestyle=":", linewidth=1, label="95% of the teacher")
-    loaded = _read(work / rows[0]["preset"] / "loaded.json")
-    ax.set_ylabel(f"val top-1 (%), {loaded['num_images']:,} images" if loaded else "val top-1 (%)")
-    images = _images(work, rows[0]["preset"])
+    val_images, images = context["val images"], context["images"]
+    ax.set_ylabel(f"val top-1 (%), {val_images:,} images" if val_images else "val top-1 (%)")
     teacher_preset = teacher_row(budget).preset
     ax.set_title(
-        f"Attention transfer from {teacher_preset}, CIFAR-10 JPEG split, {_img_size(work, rows[0]['preset'])} px\n"
+        f"Attention transfer from {teacher_preset}, CIFAR-10 JPEG split, {context['img size']} px\n"
         f"training images: stage 1 {images[0]:,} + stage 2 {images[1]:,}; from scratch: {_scratch_source(budget)}\n"
-        f"teacher ({teacher_preset}): {teacher_training(teacher_dir) or 'not finished'}",
+        f"teacher ({teacher_preset}): {context['teacher'] or 'not finished'}",
         fontsize=9,
     )
     ax.legend(fontsize=7, ncol=3, loc="upper left")
@@ -561,9 +607,13 @@ def main() -> None:
         if "robustness" in phases:
             evaluate_robustness(name, work / name / "stage2", args.data)
         if "report" in phases and set(phases) != {"report"}:  # after each preset: a stopped call keeps its rows
-            write_report(collect(work, rows, budget, teacher), args.out, work, budget, teacher)
+            report(work, rows, budget, teacher, args.out)
     if phases == ["report"]:
-        write_report(collect(work, rows, budget, teacher), args.out, work, budget, teacher)
+        report(work, rows, budget, teacher, args.out)
+
+
+def report(work: Path, names: List[str], budget: str, teacher: Path, out: Path) -> None:
+    write_report(kept_rows(collect(work, names, budget, teacher), names, out, budget), out, work, budget, teacher)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -266,3 +267,41 @@ def test_a_pyramid_report_reads_the_given_teacher_run_and_the_pyramid_zoos_scrat
     md = (out / "results.md").read_text()
     assert "- teacher: pvt_v2_b0_softmax, 2 epochs, 89,856 training images, val top-1 55.0%" in md
     assert "from scratch: docs/zoo/pyramid, 89,856 training images" in md
+
+
+def test_a_report_on_a_machine_without_the_runs_keeps_their_rows_and_reads_from_scratch_again(tmp_path, monkeypatch):
+    """The table is made where the runs are; a report elsewhere (once the zoo has a from-scratch row the table lacked)
+    keeps each row and the notes as they were and fills the from-scratch cell, rather than writing an empty table."""
+    work, out, zoo_run = tmp_path / "work", tmp_path / "out", tmp_path / "zoo" / "pvt_v2_b0_softmax" / "seed0"
+    _write(zoo_run / "metrics.json", {"best_score": 0.55, "epoch": 2, "global_step": 702})
+    (zoo_run / ".hydra").mkdir()
+    (zoo_run / ".hydra" / "config.yaml").write_text("data:\n  batch_size: 128\n  img_size: 64\ntrainer: {}\n")
+    _write(work / "pvt_v2_b0_pola" / "loaded.json", {"val/acc1": 0.1, "num_images": 5000})
+    _write(work / "pvt_v2_b0_pola" / "stage2" / "metrics.json", {"val/acc1": 0.44, "global_step": 8})
+    _robustness(work / "pvt_v2_b0_pola", "pvt_v2_b0_pola", 0.4, 0.1)
+    per_run = tmp_path / "docs" / "pyramid" / "per-run"
+    monkeypatch.setattr(transfer_table, "scratch_dir", lambda budget: per_run)
+    names = ["pvt_v2_b0_pola", "pvt_v2_b0_linear"]
+    transfer_table.report(work, names, "pyramid", zoo_run, out)
+    before = (out / "results.md").read_text()
+    assert "| PolaFormer | pvt_v2_b0_pola | 10.0 | - | 44.0 | - | 55.0 | 80.0 |" in before
+    assert "pvt_v2_b0_linear" not in before  # not run: no row
+
+    _write(
+        per_run / "pvt_v2_b0_pola-s0.json",
+        {
+            **dict(format=1, budget="pyramid", label="PolaFormer", preset="pvt_v2_b0_pola", seed=0),
+            **dict(recipe="zoo_pyramid", overrides=[], row={"val acc": 0.5}),
+            **dict(metrics={"global_step": 702}, profile={"batch_size": 128}),
+        },
+    )
+    shutil.rmtree(work)
+    shutil.rmtree(zoo_run)
+    transfer_table.report(work, names, "pyramid", zoo_run, out)
+    after = (out / "results.md").read_text()
+    assert "| PolaFormer | pvt_v2_b0_pola | 10.0 | - | 44.0 | 50.0 | 55.0 | 80.0 |" in after  # from scratch filled
+    assert after.replace(" 50.0 |", " - |", 1) == before.replace(
+        "from scratch: docs/zoo/pyramid", "from scratch: docs/zoo/pyramid, 89,856 training images"
+    )  # everything else as it was: the robustness cells, the teacher's note
+    assert "| 40.0 | 10.0 |" in after
+    assert json.loads((out / "context.json").read_text())["val images"] == 5000
