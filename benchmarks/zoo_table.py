@@ -103,10 +103,15 @@ def write_csv(results: List[dict], checkpoints: Checkpoints, path: Path) -> None
             writer.writerow([r["label"], r["preset"], r["seed"], *[cells.get(k) for k in (*COLUMNS[3:], *CSV_ONLY)]])
 
 
+MACHINE_CELLS = ("train img/s", "peak train MB")  # measured: a mean over seeds needs one machine
+
+
 def _cell(key: str, preset_rows: List[dict], checkpoints: Checkpoints) -> str:
     values = [r["row"].get(key) for r in preset_rows]
     if key in SAYS_WHY and all(v is None for v in values):
         return why_missing(preset_rows[0], key, checkpoints)
+    if key in MACHINE_CELLS and len({r["profile"].get("hardware") for r in preset_rows if r["profile"]}) > 1:
+        return " / ".join("-" if v is None else f"{v:.0f}" for v in values)  # one per seed, in seed order
     return _fmt(key, values)
 
 
@@ -207,9 +212,10 @@ def write_markdown(
         f"Params / FLOPs (forward, one image, attention matmuls included) / img/s (training step, {batch}) / peak "
         "memory (on a GPU: torch's max allocated under bf16 autocast; on the CPU: resident set above the process "
         "baseline, fp32) during those steps come from the profile phase, run one "
-        "model at a time on the same machine. Entropy: mean over layers of H / log n of the attention rows (1 = "
-        "uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on the first 32 "
-        "eval images at twice the training size.",
+        "model at a time on the same machine (a row whose seeds were profiled on different machines shows the "
+        "img/s and memory of each seed, not their mean). Entropy: mean over layers of H / log n of the attention "
+        "rows (1 = uniform) on 32 val images, before training and after the last epoch; at 2x res, the same on "
+        "the first 32 eval images at twice the training size.",
         "",
         *table,
         "",

@@ -86,3 +86,26 @@ def test_the_table_sets_each_row_beside_the_vit_row_of_its_mechanism(tmp_path):
         "| beside it: linear (elu+1) | `vit_linear` (cpu) | 0,1 | 45.3 / 44.0 | 41.0 / 40.0 | "
         "not run: no checkpoint / 10.0 |"
     )
+
+
+def test_a_row_profiled_on_two_machines_shows_each_seeds_img_s_not_their_mean():
+    def result(seed, hardware, img_s):
+        profile = dict(params=3.4e6, flops_per_image=8.7e7, train_img_per_s=img_s, peak_train_mb=670.0 + seed)
+        return zoo_results.build(
+            "pyramid",
+            "softmax",
+            "pvt_v2_b0_softmax",
+            seed,
+            "zoo_pyramid",
+            [],
+            {"val/acc1": 0.6},
+            {**profile, "hardware": hardware, "torch": "2.14.1"},
+            None,
+        )
+
+    cells = lambda results: zoo_table._table(zoo_table.by_preset(results), set())[2].split(" | ")  # noqa: E731
+    at = zoo_table.COLUMNS.index("train img/s")
+    mixed = cells([result(0, "Intel(R) Xeon(R) Processor, 2 cores", 298.0), result(1, "AMD EPYC, 2 cores", 190.0)])
+    assert (mixed[at], mixed[at + 1]) == ("298 / 190", "670 / 671")
+    same = cells([result(0, "AMD EPYC, 2 cores", 298.0), result(1, "AMD EPYC, 2 cores", 190.0)])
+    assert (same[at], same[at + 1]) == ("244", "670")  # one machine: the mean
