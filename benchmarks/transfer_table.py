@@ -401,7 +401,8 @@ def kept_rows(rows: List[dict], names: List[str], out: Path, budget: str) -> Lis
             merged.append(found[name])
         elif name in previous:
             print(f"[report] {name}: its runs are not under the work folder; its row is kept from {out}/results.csv")
-            merged.append({**{k: _csv_value(v) for k, v in previous[name].items()}, "from scratch": scratch.get(name)})
+            row = {k: _csv_value(v) for k, v in previous[name].items()}
+            merged.append({**row, "from scratch": scratch.get(split_name(name)[0])})  # a variant's: its preset's
     return merged
 
 
