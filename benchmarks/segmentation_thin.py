@@ -22,6 +22,9 @@ Each row runs in its own subprocess, so its peak resident memory (VmHWM) is its 
         "pvt unet=smp-unet:exports/pvt_lin,none,ce+dice,balanced" \\
         --steps 150 --crop 128 --out docs/segmentation/thin_cpu
 
+Runs of the same rows under other seeds (``--seed``) merge into one table of each row's mean and every seed's
+value, the first row's beside each (``--merge run0.json run1.json --out merged``).
+
 Columns: wall IoU and Dice on the held-out images, the same for "interior everywhere" (the majority baseline),
 training images/s (forward, loss, backward and optimizer step; data loading left out), 1024 px prediction
 images/s, and the peak resident memory of the row's process; below them, what intensity alone reaches (the
@@ -39,7 +42,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -286,6 +289,71 @@ def table(rows: List[Dict[str, float]], dark: Dict[str, float]) -> str:
     return head + "\n".join(lines)
 
 
+def _spread(values: List[float], digits: int) -> str:
+    """The mean, then each run's value: '0.690 (0.688 / 0.692)'."""
+    each = " / ".join(f"{v:.{digits}f}" for v in values)
+    return f"{np.mean(values):.{digits}f}" + (f" ({each})" if len(values) > 1 else "")
+
+
+def merged_table(runs: List[dict]) -> str:
+    """One row per row name over runs of the same rows (seeds): wall IoU, Dice and the rates as mean (each run), the
+    first row's mean subtracted from the IoU and divided into the prediction rate (it is the baseline)."""
+    names = [r["row"] for r in runs[0]["rows"]]
+    by_name = {name: [next(r for r in run["rows"] if r["row"] == name) for run in runs] for name in names}
+
+    def mean(name: str, key: str) -> float:
+        return float(np.mean([r[key] for r in by_name[name]]))
+
+    base = names[0]
+    head = (
+        f"| row | loss, weights | wall IoU | IoU - {base} | wall Dice | train img/s | 1024 px predict img/s | "
+        f"predict vs {base} | peak RSS (GiB) | params (M) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for name in names:
+        rows = by_name[name]
+        lines.append(
+            f"| {name} | {rows[0]['loss']}, {rows[0]['weights']} | {_spread([r['iou_wall'] for r in rows], 3)} | "
+            f"{mean(name, 'iou_wall') - mean(base, 'iou_wall'):+.3f} | {_spread([r['dice_wall'] for r in rows], 3)} | "
+            f"{_spread([r['train_images_per_s'] for r in rows], 2)} | "
+            f"{_spread([r['predict_1024_images_per_s'] for r in rows], 3)} | "
+            f"{mean(name, 'predict_1024_images_per_s') / mean(base, 'predict_1024_images_per_s'):.2f}x | "
+            f"{max(r['peak_rss_mib'] for r in rows) / 1024:.2f} | {rows[0]['parameters_m']:.2f} |"
+        )
+    first, dark = by_name[base][0], runs[0]["darkest_pixels"]
+    lines.append(
+        f"| interior everywhere (majority) | | {first['majority_iou_wall']:.3f} | | {first['majority_dice_wall']:.3f} "
+        "| | | | | |"
+    )
+    lines.append(
+        f"| darkest pixels (blurred image < {dark['threshold']:.0f}, fitted on the training images) | | "
+        f"{dark['iou_wall']:.3f} | | {dark['dice_wall']:.3f} | | | | | |"
+    )
+    return head + "\n".join(lines)
+
+
+def merge(paths: List[Path], out: Optional[Path]) -> str:
+    """The merged table of runs' ``--out`` JSON files (the same rows, in the same order), written to <out>.md and
+    <out>.json when ``out`` is given; a run with other rows is one error naming them."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    names = [r["row"] for r in runs[0]["rows"]]
+    for path, run in zip(paths, runs):
+        if [r["row"] for r in run["rows"]] != names:
+            raise SystemExit(
+                f"{path} holds rows {[r['row'] for r in run['rows']]}, {paths[0]} {names}: merge runs of the same rows"
+            )
+    setups = "\n".join(f"- run {i + 1} ({path.name}): {run['setup']}" for i, (path, run) in enumerate(zip(paths, runs)))
+    text = f"{len(runs)} runs of the same rows, each cell the mean (each run's value, in this order):\n{setups}\n\n"
+    text += merged_table(runs) + "\n"
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(text)
+        out.with_suffix(".json").write_text(
+            json.dumps({"runs": [p.name for p in paths], "merged": runs}, indent=1) + "\n"
+        )
+    return text
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux), else the machine type."""
     try:
@@ -298,7 +366,10 @@ def cpu_name() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=Path("data/thin"), help="generated here when missing")
-    parser.add_argument("--rows", nargs="+", required=True, help="name=model,neck,loss,weights (see the docstring)")
+    parser.add_argument("--rows", nargs="+", help="name=model,neck,loss,weights (see the docstring)")
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, help="runs' --out .json files (other seeds) to merge, no training"
+    )
     parser.add_argument("--n", type=int, default=32, help="training images of 512 px (default 32)")
     parser.add_argument("--test", type=int, default=4, help="held-out 512 px images (default 4)")
     parser.add_argument("--steps", type=int, default=150)
@@ -313,6 +384,11 @@ def main() -> None:
     if args.only:
         print(json.dumps(run_row(args, args.only)))
         return
+    if args.merge:
+        print(merge(args.merge, args.out), end="")
+        return
+    if not args.rows:
+        parser.error("give --rows to run (or --merge to merge runs)")
     for spec in args.rows:
         try:
             parse_row(spec)
@@ -341,7 +417,7 @@ def setup(args: argparse.Namespace, started_at: str, rows: List[Dict[str, float]
     return (
         f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {started_at}, "
         f"1-minute load average after each row {loads}; {args.steps} steps x batch {args.batch} of {args.crop} px "
-        f"crops, {args.n} training images of 512 px, {args.test} held-out 512 px images"
+        f"crops, {args.n} training images of 512 px, {args.test} held-out 512 px images, seed {args.seed}"
     )
 
 

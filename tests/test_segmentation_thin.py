@@ -99,3 +99,40 @@ def test_the_benchmark_trains_an_smp_decoder_over_a_pyramid_export(tmp_path):
             segmentation_thin.parse_row(bad)
     with pytest.raises(ValueError, match="is no export directory"):
         segmentation_thin.build(f"smp-unet:{tmp_path / 'nowhere'}", "none", 8)
+
+
+def test_the_benchmark_merges_seeds_into_means_beside_the_first_row(tmp_path):
+    """``--merge``: runs of the same rows under two seeds become one table of means with each seed's value, the
+    first row's IoU subtracted and its prediction rate divided; runs of other rows are one line naming both."""
+    import json
+
+    import segmentation_thin
+
+    def run(seed, unet_iou, pvt_iou, unet_rate, pvt_rate):
+        def row(name, iou, rate):
+            return {
+                "row": name, "loss": "dice", "weights": "balanced", "iou_wall": iou, "dice_wall": iou + 0.1,
+                "train_images_per_s": 1.0, "predict_1024_images_per_s": rate, "peak_rss_mib": 1024.0 * (1 + seed),
+                "parameters_m": 5.0, "majority_iou_wall": 0.0, "majority_dice_wall": 0.0,
+            }  # fmt: skip
+
+        path = tmp_path / f"seed{seed}.json"
+        rows = [row("unet", unet_iou, unet_rate), row("pvt", pvt_iou, pvt_rate)]
+        dark = {"threshold": 115.0, "iou_wall": 0.589, "dice_wall": 0.741}
+        path.write_text(json.dumps({"setup": f"seed {seed}", "rows": rows, "darkest_pixels": dark}))
+        return path
+
+    paths = [run(0, 0.670, 0.690, 0.5, 0.6), run(1, 0.680, 0.700, 0.5, 0.4)]
+    text = segmentation_thin.merge(paths, tmp_path / "merged")
+    pvt = next(line for line in text.splitlines() if line.startswith("| pvt |")).split(" | ")
+    assert pvt[2] == "0.695 (0.690 / 0.700)" and pvt[3] == "+0.020"  # mean IoU, then minus the U-Net's 0.675
+    assert pvt[6] == "0.500 (0.600 / 0.400)" and pvt[7] == "1.00x"  # prediction rate over the U-Net's 0.5
+    assert pvt[8] == "2.00"  # the highest peak of the seeds, GiB
+    assert "| darkest pixels (blurred image < 115" in text and "seed 1" in text
+    assert (tmp_path / "merged.md").read_text() == text
+    other = tmp_path / "other.json"
+    other.write_text(
+        json.dumps({**json.loads(paths[1].read_text()), "rows": json.loads(paths[1].read_text())["rows"][:1]})
+    )
+    with pytest.raises(SystemExit, match="merge runs of the same rows"):
+        segmentation_thin.merge([paths[0], other], None)
