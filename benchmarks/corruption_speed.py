@@ -23,7 +23,6 @@ import csv
 import importlib.util
 import io
 import os
-import platform
 import statistics
 import sys
 import tarfile
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import vitzoo  # noqa: E402
 from vitzoo.models.default_cfg import CIFAR_MEAN, CIFAR_STD  # noqa: E402
 from vitzoo.robustness import corrupt, list_corruptions  # noqa: E402
+from vitzoo.runtime import cpu_model  # noqa: E402
 
 
 def cifar_images(data: Path, count: int) -> torch.Tensor:
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"--corruptions: unknown {unknown}; choose from {names}")
         names = [n for n in names if n in args.corruptions.split(",")]
     print(
-        f"# {len(x)} CIFAR-10 images (32 px), batch {args.batch}; {platform.processor() or platform.machine()}, "
+        f"# {len(x)} CIFAR-10 images (32 px), batch {args.batch}; {cpu_model()}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread(s)"
     )

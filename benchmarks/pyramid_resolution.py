@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import subprocess
 import sys
 from collections import defaultdict
 from typing import Dict, List
 
 import torch
+
+from vitzoo.runtime import cpu_model
 
 from memory import timed_passes  # a sibling module: scripts run from benchmarks/ see it
 
@@ -133,10 +135,10 @@ def main(argv=None) -> None:
     for arch in archs:
         results[arch] = run(arch, args.sizes, args.reps)
         print(f"done {arch}", file=sys.stderr, flush=True)
-    cpu = platform.processor() or platform.machine()
     print(
-        f"# pyramids at high resolution: batch 1, eval, best of {args.reps}, CPU ({cpu}) {torch.get_num_threads()} "
-        f"threads, torch {torch.__version__}; peak MB = resident peak above the level after a warm-up pass"
+        f"# pyramids at high resolution: batch 1, eval, best of {args.reps}, {cpu_model()}, {torch.get_num_threads()} "
+        f"threads, torch {torch.__version__}, 1-minute load average {os.getloadavg()[0]:.1f} after the rows; peak MB = "
+        "resident peak above the level after a warm-up pass"
     )
     print(table(results, args.sizes))
 

@@ -37,7 +37,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -56,6 +55,7 @@ from vitzoo.segmentation import (
     sliding_window_probs,
 )
 from vitzoo.export import check_export
+from vitzoo.runtime import cpu_model
 from vitzoo.segmentation.decoder import pixel_stem
 from vitzoo.segmentation.losses import LOSSES, SegmentationLoss, balanced_class_weights
 from vitzoo.segmentation.thin import WALL, make_thin_dataset
@@ -354,15 +354,6 @@ def merge(paths: List[Path], out: Optional[Path]) -> str:
     return text
 
 
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=Path("data/thin"), help="generated here when missing")
@@ -415,7 +406,7 @@ def setup(args: argparse.Namespace, started_at: str, rows: List[Dict[str, float]
     """The machine, the budget and the load on the cores (the 1-minute load average after each row)."""
     loads = ", ".join(f"{r['load_average_1min']:.1f}" for r in rows)
     return (
-        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {started_at}, "
+        f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {started_at}, "
         f"1-minute load average after each row {loads}; {args.steps} steps x batch {args.batch} of {args.crop} px "
         f"crops, {args.n} training images of 512 px, {args.test} held-out 512 px images, seed {args.seed}"
     )

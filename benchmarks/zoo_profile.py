@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -37,14 +36,9 @@ def hardware() -> str:
     """The CPU model and core count, and the GPU where torch sees one."""
     import torch
 
-    cpu = (
-        next(
-            (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-            platform.processor() or "unknown CPU",
-        )
-        if os.path.exists("/proc/cpuinfo")
-        else platform.processor()
-    )
+    from vitzoo.runtime import cpu_model
+
+    cpu = cpu_model()
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu}, {os.cpu_count()} cores{gpu}"
 

@@ -164,3 +164,26 @@ def test_pools_follow_a_one_core_affinity():
     assert any(
         line.startswith("num_workers=4 but this process may use 1 CPU(s); set num_workers=auto (= 0)") for line in lines
     ), proc.stdout
+
+
+def test_cpu_model_names_the_processor_the_benchmarks_ran_on(monkeypatch):
+    """vitzoo.runtime.cpu_model: /proc/cpuinfo's first "model name" on Linux (what /proc says, not the machine type),
+    the processor or machine type where the file is missing."""
+    import builtins
+    import platform
+
+    from vitzoo.runtime import cpu_model
+
+    if os.path.exists("/proc/cpuinfo"):
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        if names:
+            assert cpu_model() == names[0]
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path) == "/proc/cpuinfo":
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    assert cpu_model() == (platform.processor() or platform.machine() or "unknown CPU")

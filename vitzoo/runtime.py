@@ -24,13 +24,14 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-__all__ = ["usable_cpus", "size_thread_pools", "retain_freed_memory"]
+__all__ = ["usable_cpus", "size_thread_pools", "retain_freed_memory", "cpu_model"]
 
 log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, glibc's malloc.h
@@ -88,3 +89,13 @@ def retain_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it (Linux: /proc/cpuinfo's "model name", e.g. "AMD EPYC"), else the
+    processor or machine type: what a benchmark names beside its times."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine() or "unknown CPU"
