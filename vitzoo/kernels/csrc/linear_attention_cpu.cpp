@@ -6,10 +6,10 @@
 // own ops run on (one region per phase), or, in a child of fork, a pool of the kernel's own.
 // A unit walks its tokens in blocks of rows small enough to stay in the core's L2: the feature map, the normaliser
 // and the element-wise work fused into row loops over the block (1 / den folded into the feature rows, so that the
-// products write the results directly), the (block x d x d) products in AVX-512 register tiles where the build
-// targets AVX-512, else handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm). Inputs are
-// (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64 for
-// gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above),
+// products write the results directly), the (block x d x d) products in register tiles where the build targets
+// AVX-512 or AVX2 with FMA, else handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm).
+// Inputs are (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64
+// for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above),
 // relu -> [f > 0], identity (features computed by the caller) -> 1. Built with -fno-trapping-math so that the
 // branch-free row loops vectorise; float32 elu+1 rows take an AVX-512 form of the same exp where the build targets
 // AVX-512.
@@ -33,9 +33,10 @@
 #include <sys/mman.h>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -169,76 +170,124 @@ inline float dot<float>(const float* a, const float* b, int64_t n) {
 
 inline bool has_mkl() { return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr; }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define VITZOO_TILES 1
+// The register tiles' vector: 16 float32 lanes (AVX-512) or 8 (AVX2), loads and stores of the first `Mask` lanes.
 #if defined(__AVX512F__)
-// C (MR x 16 NV, row stride ldc) = (accumulate: C +) sum_k A(i, k) B(k, :) for float32, A(i, k) = a[i ars + k acs],
-// B's row k at b + k ldb, `last` the lanes of the last 16 columns that exist: MR x NV accumulators in registers,
-// B's rows loaded once per k, A broadcast from memory.
+struct Simd {
+  using V = __m512;
+  using Mask = __mmask16;
+  static constexpr int kLanes = 16, kRows = 6, kVectors = 4;  // 6 x 4 accumulators, 4 of B, a broadcast: 29 of 32
+  static Mask first(int64_t n) { return lanes(n); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, Mask m, V x) { _mm512_mask_storeu_ps(p, m, x); }
+  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+};
+#else
+struct Simd {
+  using V = __m256;
+  using Mask = __m256i;
+  static constexpr int kLanes = 8, kRows = 6, kVectors = 2;  // 6 x 2 accumulators, 2 of B, a broadcast: 15 of 16
+  static Mask first(int64_t n) {
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(n, 8))), index);
+  }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, Mask m, V x) { _mm256_maskstore_ps(p, m, x); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+};
+#endif
+
+// C (MR x NV vectors, row stride ldc) = (accumulate: C +) sum_k A(i, k) B(k, :) for float32, A(i, k) = a[i ars + k acs],
+// B's row k at b + k ldb, `tail` the columns of the last vector that exist (1..kLanes): MR x NV accumulators in
+// registers, B's rows loaded once per k, A broadcast from memory. Only a last vector with fewer than kLanes columns
+// is loaded and stored through a mask (AVX2's masked stores cost far more than plain ones on AMD cores).
 template <int MR, int NV>
 void tile(int64_t kdim, const float* __restrict a, int64_t ars, int64_t acs, const float* __restrict b, int64_t ldb,
-          float* __restrict c, int64_t ldc, __mmask16 last, bool accumulate) {
+          float* __restrict c, int64_t ldc, int64_t tail, bool accumulate) {
+  constexpr int L = Simd::kLanes;
+  const Simd::Mask last = Simd::first(tail);
+  const bool ragged = tail < L;
   // fully unrolled, so that the accumulators live in registers (GCC spills a partly unrolled array every k)
-  __m512 acc[MR][NV];
+  Simd::V acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j) acc[i][j] = Simd::zero();
   const float* ak = a;
   const float* bk = b;
   for (int64_t k = 0; k < kdim; ++k, ak += acs, bk += ldb) {
-    __m512 bv[NV];
+    Simd::V bv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j)
-      bv[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * j) : _mm512_loadu_ps(bk + 16 * j);
+    for (int j = 0; j < NV; ++j) bv[j] = j == NV - 1 && ragged ? Simd::load(bk + L * j, last) : Simd::load(bk + L * j);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512 ai = _mm512_set1_ps(ak[i * ars]);
+      const Simd::V ai = Simd::set1(ak[i * ars]);
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(ai, bv[j], acc[i][j]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = Simd::fma(ai, bv[j], acc[i][j]);
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
-      float* ci = c + i * ldc + 16 * j;
-      const __mmask16 m = j == NV - 1 ? last : __mmask16(0xFFFF);
-      _mm512_mask_storeu_ps(ci, m, accumulate ? _mm512_add_ps(acc[i][j], _mm512_maskz_loadu_ps(m, ci)) : acc[i][j]);
+      float* ci = c + i * ldc + L * j;
+      if (j == NV - 1 && ragged) {
+        Simd::store(ci, last, accumulate ? Simd::add(acc[i][j], Simd::load(ci, last)) : acc[i][j]);
+      } else {
+        Simd::store(ci, accumulate ? Simd::add(acc[i][j], Simd::load(ci)) : acc[i][j]);
+      }
     }
 }
 
-using Tile = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, __mmask16, bool);
-template <int MR>
-constexpr std::array<Tile, 4> tiles_of{tile<MR, 1>, tile<MR, 2>, tile<MR, 3>, tile<MR, 4>};
-constexpr int kTileRows = 6;  // 6 x 4 accumulators, 4 rows of B and a broadcast: 29 of the 32 registers
-constexpr std::array<std::array<Tile, 4>, kTileRows> kTiles{tiles_of<1>, tiles_of<2>, tiles_of<3>,
-                                                             tiles_of<4>, tiles_of<5>, tiles_of<6>};
+using Tile = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool);
+template <int MR, size_t... NV>
+constexpr std::array<Tile, sizeof...(NV)> tiles_of(std::index_sequence<NV...>) {
+  return {tile<MR, int(NV) + 1>...};
+}
+template <size_t... MR>
+constexpr std::array<std::array<Tile, Simd::kVectors>, sizeof...(MR)> all_tiles(std::index_sequence<MR...>) {
+  return {tiles_of<int(MR) + 1>(std::make_index_sequence<Simd::kVectors>{})...};
+}
+constexpr auto kTiles = all_tiles(std::make_index_sequence<Simd::kRows>{});
 
-// C (m x n) = (accumulate: C +) op(A) B in tiles of 6 rows x 64 columns: no packing, no separate beta pass, none
-// of a BLAS call's fixed cost; A's elements read in place whichever way it is stored.
+// C (m x n) = (accumulate: C +) op(A) B in tiles of kRows rows x kVectors vectors: no packing, no separate beta pass,
+// none of a BLAS call's fixed cost; A's elements read in place whichever way it is stored.
 void small_gemm(bool ta, int64_t m, int64_t n, int64_t kdim, const float* A, int64_t lda, const float* B,
                 int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  constexpr int64_t panel = Simd::kLanes * Simd::kVectors;
   const int64_t ars = ta ? 1 : lda, acs = ta ? lda : 1;
-  for (int64_t j0 = 0; j0 < n; j0 += 64) {
-    const int64_t width = std::min<int64_t>(64, n - j0), nv = (width + 15) / 16;
-    const __mmask16 last = __mmask16((1u << (width - 16 * (nv - 1))) - 1);
-    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
-      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
-      kTiles[mr - 1][nv - 1](kdim, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc, last, accumulate);
+  for (int64_t j0 = 0; j0 < n; j0 += panel) {
+    const int64_t width = std::min<int64_t>(panel, n - j0), nv = (width + Simd::kLanes - 1) / Simd::kLanes;
+    const int64_t tail = width - Simd::kLanes * (nv - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += Simd::kRows) {
+      const int64_t mr = std::min<int64_t>(Simd::kRows, m - i0);
+      kTiles[mr - 1][nv - 1](kdim, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc, tail, accumulate);
     }
   }
 }
 #endif
 
 // C (m x n, row stride ldc) = op(A) B + beta C (beta 0 or 1) for row-major A, B; ta: A is stored transposed.
-// float32 takes the register tiles above where the build targets AVX-512, else goes straight to sgemm_ where ATen
-// links MKL (and the sizes fit its 32-bit ints; column-major BLAS sees every row-major matrix transposed, so it
+// float32 takes the register tiles above where the build targets AVX-512 or AVX2, else goes straight to sgemm_ where
+// ATen links MKL (and the sizes fit its 32-bit ints; column-major BLAS sees every row-major matrix transposed, so it
 // computes C^T = B^T op(A)^T). float64 (gradcheck) and other builds go through at::mm.
 template <typename T>
 void gemm(bool ta, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C,
           int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-#if defined(__AVX512F__)
+#if defined(VITZOO_TILES)
     small_gemm(ta, m, n, k, A, lda, B, ldb, C, ldc, beta != 0.0f);
     return;
 #else
