@@ -11,8 +11,8 @@
 // Inputs are (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64
 // for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above),
 // relu -> [f > 0], identity (features computed by the caller) -> 1. Built with -fno-trapping-math so that the
-// branch-free row loops vectorise; float32 elu+1 rows take an AVX-512 form of the same exp where the build targets
-// AVX-512.
+// branch-free row loops vectorise; float32 elu+1 rows take a vector form of the same exp where the build targets
+// AVX-512 or AVX2.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -96,44 +96,116 @@ inline void phi_row(const T* __restrict xr, T* __restrict fr, int64_t width) {
   for (int64_t i = 0; i < width; ++i) fr[i] = phi<M>(xr[i]);
 }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define VITZOO_SIMD 1
 #if defined(__AVX512F__)
-// exp_nonpositive above on 16 lanes, 2^n applied by scalef (one rounding, to the subnormal below -87.3).
-inline __m512 exp_nonpositive16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+// The lanes of 16 that hold channels when `left` remain.
+inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+// One vector of float32 lanes, 16 here (AVX-512), 8 below (AVX2): what the exp, the elu+1 rows and the register tiles
+// are written in. Masked loads zero the lanes they leave out; min / max return their second operand where one is NaN.
+struct Simd {
+  using V = __m512;
+  using Mask = __mmask16;
+  static constexpr int kLanes = 16, kRows = 6, kVectors = 4;  // tiles: 6 x 4 accumulators, 4 of B, 1 broadcast
+  static Mask first(int64_t n) { return lanes(n); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static void store(float* p, Mask m, V x) { _mm512_mask_storeu_ps(p, m, x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // p 2^n for integral n in [-150, 0]: one rounding, to the subnormal below fp32's normal range
+  static V scale(V p, V n) { return _mm512_scalef_ps(p, n); }
+};
+#else
+struct Simd {
+  using V = __m256;
+  using Mask = __m256i;
+  static constexpr int kLanes = 8, kRows = 6, kVectors = 2;  // tiles: 6 x 2 accumulators, 2 of B, 1 broadcast
+  static Mask first(int64_t n) {
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(n, 8))), index);
+  }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static void store(float* p, Mask m, V x) { _mm256_maskstore_ps(p, m, x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // p 2^n for integral n in [-150, 0], p in [0.7, 1.5): n added to p's exponent where every lane stays normal
+  // (n >= -125), else as two normal factors, as exp_nonpositive(float) applies it (one rounding, in the last product)
+  static V scale(V p, V n) {
+    if (_mm256_movemask_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-125.0f), _CMP_LT_OQ)) == 0) {
+      const __m256i exponent = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+      return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent));
+    }
+    const V high = _mm256_max_ps(n, _mm256_set1_ps(-125.0f));
+    return _mm256_mul_ps(_mm256_mul_ps(p, pow2(high)), pow2(_mm256_sub_ps(n, high)));
+  }
+
+ private:
+  static V pow2(V n) {  // 2^n for integral n in [-126, 127]
+    const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
+  }
+};
+#endif
+
+// exp_nonpositive above on a vector (the same reduction and polynomial), 2^n applied by Simd::scale.
+inline Simd::V exp_nonpositive(Simd::V x) {
+  x = Simd::max(x, Simd::set1(-104.0f));
+  const Simd::V n = Simd::round(Simd::mul(x, Simd::set1(1.44269504088896341f)));
+  Simd::V r = Simd::fnmadd(n, Simd::set1(0.693359375f), x);
+  r = Simd::fma(n, Simd::set1(2.12194440e-4f), r);
+  Simd::V p = Simd::set1(1.9875691500e-4f);
+  p = Simd::fma(p, r, Simd::set1(1.3981999507e-3f));
+  p = Simd::fma(p, r, Simd::set1(8.3334519073e-3f));
+  p = Simd::fma(p, r, Simd::set1(4.1665795894e-2f));
+  p = Simd::fma(p, r, Simd::set1(1.6666665459e-1f));
+  p = Simd::fma(p, r, Simd::set1(5.0000001201e-1f));
+  p = Simd::add(Simd::fma(p, Simd::mul(r, r), r), Simd::set1(1.0f));
+  return Simd::scale(p, n);
+}
+
+// elu(x) + 1 = exp(min(x, 0)) + max(x, 0) on a vector; min / max with x second: a NaN x comes through, as
+// std::min(x, 0) gives it.
+inline Simd::V elu_plus_one(Simd::V x) {
+  const Simd::V zero = Simd::zero();
+  return Simd::add(exp_nonpositive(Simd::min(zero, x)), Simd::max(zero, x));
 }
 
 template <>
 inline void phi_row<kElu, float>(const float* __restrict xr, float* __restrict fr, int64_t width) {
-  const __m512 zero = _mm512_setzero_ps();
-  for (int64_t i = 0; i < width; i += 16) {
-    const __mmask16 m = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, xr + i);
-    // min / max with x second: a NaN x comes through, as std::min(x, 0) gives it
-    const __m512 f = _mm512_add_ps(exp_nonpositive16(_mm512_min_ps(zero, x)), _mm512_max_ps(zero, x));
-    _mm512_mask_storeu_ps(fr + i, m, f);
+  int64_t i = 0;
+  for (; i + Simd::kLanes <= width; i += Simd::kLanes) Simd::store(fr + i, elu_plus_one(Simd::load(xr + i)));
+  if (i < width) {  // a ragged tail through a mask (AVX2's masked stores cost far more than plain ones on AMD cores)
+    const Simd::Mask m = Simd::first(width - i);
+    Simd::store(fr + i, m, elu_plus_one(Simd::load(xr + i, m)));
   }
 }
+#endif
 
-// The lanes of 16 that hold channels when `left` remain.
-inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
-
+#if defined(__AVX512F__)
 // phi and phi'(f) on 16 lanes, NaN kept as std::min / std::max keep it (the NaN operand second).
 template <Map M>
 inline __m512 phi16(__m512 x) {
   const __m512 zero = _mm512_setzero_ps();
-  if constexpr (M == kElu) return _mm512_add_ps(exp_nonpositive16(_mm512_min_ps(zero, x)), _mm512_max_ps(zero, x));
+  if constexpr (M == kElu) return elu_plus_one(x);
   else if constexpr (M == kRelu) return _mm512_max_ps(zero, x);
   else return x;
 }
@@ -170,48 +242,12 @@ inline float dot<float>(const float* a, const float* b, int64_t n) {
 
 inline bool has_mkl() { return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr; }
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#define VITZOO_TILES 1
-// The register tiles' vector: 16 float32 lanes (AVX-512) or 8 (AVX2), loads and stores of the first `Mask` lanes.
-#if defined(__AVX512F__)
-struct Simd {
-  using V = __m512;
-  using Mask = __mmask16;
-  static constexpr int kLanes = 16, kRows = 6, kVectors = 4;  // 6 x 4 accumulators, 4 of B, a broadcast: 29 of 32
-  static Mask first(int64_t n) { return lanes(n); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static void store(float* p, Mask m, V x) { _mm512_mask_storeu_ps(p, m, x); }
-  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
-};
-#else
-struct Simd {
-  using V = __m256;
-  using Mask = __m256i;
-  static constexpr int kLanes = 8, kRows = 6, kVectors = 2;  // 6 x 2 accumulators, 2 of B, a broadcast: 15 of 16
-  static Mask first(int64_t n) {
-    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(n, 8))), index);
-  }
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static void store(float* p, Mask m, V x) { _mm256_maskstore_ps(p, m, x); }
-  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
-};
-#endif
-
-// C (MR x NV vectors, row stride ldc) = (accumulate: C +) sum_k A(i, k) B(k, :) for float32, A(i, k) = a[i ars + k acs],
-// B's row k at b + k ldb, `tail` the columns of the last vector that exist (1..kLanes): MR x NV accumulators in
-// registers, B's rows loaded once per k, A broadcast from memory. Only a last vector with fewer than kLanes columns
-// is loaded and stored through a mask (AVX2's masked stores cost far more than plain ones on AMD cores).
+#if defined(VITZOO_SIMD)
+// C (MR x NV vectors, row stride ldc) = (accumulate: C +) sum_k A(i, k) B(k, :) for float32,
+// A(i, k) = a[i ars + k acs], B's row k at b + k ldb, `tail` the columns of the last vector that exist (1..kLanes):
+// MR x NV accumulators in registers, B's rows loaded once per k, A broadcast from memory. Only a last vector with
+// fewer than kLanes columns is loaded and stored through a mask (AVX2's masked stores cost far more than plain ones
+// on AMD cores).
 template <int MR, int NV>
 void tile(int64_t kdim, const float* __restrict a, int64_t ars, int64_t acs, const float* __restrict b, int64_t ldb,
           float* __restrict c, int64_t ldc, int64_t tail, bool accumulate) {
@@ -287,7 +323,7 @@ void gemm(bool ta, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, con
           int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-#if defined(VITZOO_TILES)
+#if defined(VITZOO_SIMD)
     small_gemm(ta, m, n, k, A, lda, B, ldb, C, ldc, beta != 0.0f);
     return;
 #else
