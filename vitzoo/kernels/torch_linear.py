@@ -14,8 +14,8 @@ input dtype; outputs and gradients come back in the inputs' dtypes.
 
 Two step sets run a forward and a backward: ``_KernelSteps``, the compiled CPU kernel (cpu_kernel.py;
 one call per forward or backward, threaded inside it, in blocks of 256 rows per (batch, head) slice that
-stay in L2, the feature map and the element-wise work fused into row loops, the products in AVX-512
-register tiles or MKL; float32 / float64 CPU tensors, elu, relu and identity), or ``_TorchSteps`` in
+stay in L2, the feature map and the element-wise work fused into row loops, the products in AVX-512 or
+AVX2 register tiles, else MKL; float32 / float64 CPU tensors, elu, relu and identity), or ``_TorchSteps`` in
 torch ops, four sweeps (state, output, query grads, key/value grads) over token ranges, in chunks of all
 slices at once (any device, dtype and feature map; the reference the kernel is tested against).
 """
