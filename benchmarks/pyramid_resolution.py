@@ -123,7 +123,7 @@ def table(results: Dict[str, dict], sizes: List[int]) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 512, 1024])
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5, help="timed passes per size after a warm-up, the best kept")
     p.add_argument("--archs", nargs="+", help="rows (default: every pair, originals first)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
