@@ -335,13 +335,16 @@ def merged_table(runs: List[dict]) -> str:
 def merge(paths: List[Path], out: Optional[Path]) -> str:
     """The merged table of runs' ``--out`` JSON files (the same rows, in the same order), written to <out>.md and
     <out>.json when ``out`` is given; a run with other rows is one error naming them."""
-    runs = [json.loads(path.read_text()) for path in paths]
-    names = [r["row"] for r in runs[0]["rows"]]
-    for path, run in zip(paths, runs):
-        if [r["row"] for r in run["rows"]] != names:
-            raise SystemExit(
-                f"{path} holds rows {[r['row'] for r in run['rows']]}, {paths[0]} {names}: merge runs of the same rows"
-            )
+    runs, names = [], []
+    for path in paths:
+        try:
+            runs.append(json.loads(path.read_text()))
+            names.append([r["row"] for r in runs[-1]["rows"]])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"{path}: not a run's --out .json file ({type(error).__name__}: {error})") from None
+    for path, rows in zip(paths, names):
+        if rows != names[0]:
+            raise SystemExit(f"{path} holds rows {rows}, {paths[0]} {names[0]}: merge runs of the same rows")
     setups = "\n".join(f"- run {i + 1} ({path.name}): {run['setup']}" for i, (path, run) in enumerate(zip(paths, runs)))
     text = f"{len(runs)} runs of the same rows, each cell the mean (each run's value, in this order):\n{setups}\n\n"
     text += merged_table(runs) + "\n"
@@ -376,6 +379,8 @@ def main() -> None:
         print(json.dumps(run_row(args, args.only)))
         return
     if args.merge:
+        if args.rows:
+            parser.error("--merge merges finished runs and trains nothing: drop --rows, or run them without --merge")
         print(merge(args.merge, args.out), end="")
         return
     if not args.rows:

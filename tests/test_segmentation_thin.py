@@ -136,3 +136,6 @@ def test_the_benchmark_merges_seeds_into_means_beside_the_first_row(tmp_path):
     )
     with pytest.raises(SystemExit, match="merge runs of the same rows"):
         segmentation_thin.merge([paths[0], other], None)
+    for bad in (tmp_path / "missing.json", tmp_path / "merged.md"):
+        with pytest.raises(SystemExit, match="not a run's --out .json file"):
+            segmentation_thin.merge([paths[0], bad], None)
