@@ -3,6 +3,8 @@ dispatch mode and the profiler still sees the op (vitzoo.kernels.ops._direct).""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -77,3 +79,22 @@ def test_functorch_transforms_and_make_fx_see_the_op():
     graph = torch.fx.experimental.proxy_tensor.make_fx(lambda a, b, c: fused_linear_attention(a, b, c))(q, k, v)
     assert any(node.target is torch.ops.vitzoo.linear_attention.default for node in graph.graph.nodes)
     torch.testing.assert_close(graph(q, k, v), direct)
+
+
+def test_jit_trace_records_the_call():
+    """A jit trace of a direct call holds the op (a trace of the direct path would hold its result as a constant)."""
+    q, k, v = _qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jit.trace's deprecation notice
+        traced = torch.jit.trace(lambda a, b, c: fused_linear_attention(a, b, c), (q, k, v))
+    others = [torch.randn_like(x) for x in (q, k, v)]
+    torch.testing.assert_close(traced(*others), fused_linear_attention(*others))
+
+
+def test_forward_mode_ad_is_refused_not_dropped():
+    """Under a forward-AD level the op runs, which refuses dual inputs (the direct path would drop their tangents)."""
+    q, k, v = _qkv()
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(q, torch.randn_like(q))
+        with pytest.raises(RuntimeError, match="jvp"):
+            fused_linear_attention(dual, k, v)

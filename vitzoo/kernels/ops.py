@@ -116,11 +116,14 @@ def _eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bo
 
 def _direct(*tensors: Tensor) -> bool:
     """Whether a call may run its path's function itself instead of the op: plain tensors in eager mode, outside
-    every compiler, tracer, functorch transform, dispatch or function mode and the profiler (all of which see the op).
+    every compiler, tracer (jit and ONNX tracing included: a trace would hold the result as a constant), functorch
+    transform, forward-AD level, dispatch or function mode and the profiler (all of which see the op).
     The same function runs either way; the op's dispatch costs ~30 us a call on warm cores, ~120 us after other work
     (2-core VM), against ~450 us for a whole 1,024-token forward."""
     return not (
         torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch.autograd.forward_ad._current_level >= 0  # dual tensors: the op refuses forward AD, never drops it
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch._C._len_torch_dispatch_stack()
         or torch.overrides.has_torch_function(tensors)
