@@ -3,6 +3,8 @@ dispatch mode and the profiler still sees the op (vitzoo.kernels.ops._direct).""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -98,3 +100,55 @@ def test_forward_mode_ad_is_refused_not_dropped():
         dual = torch.autograd.forward_ad.make_dual(q, torch.randn_like(q))
         with pytest.raises(RuntimeError, match="jvp"):
             fused_linear_attention(dual, k, v)
+
+
+def test_batched_gradients_run_the_op():
+    """autograd.grad(is_grads_batched=True) (a legacy-vmap batch in backward) equals one backward per row."""
+    q, k, v = _qkv(requires_grad=True)
+    out = fused_linear_attention(q, k, v)
+    rows = torch.randn(3, *out.shape)
+    batched = torch.autograd.grad(out, (q, k, v), rows, is_grads_batched=True, retain_graph=True)
+    for i, row in enumerate(rows):
+        for got, want in zip(batched, torch.autograd.grad(out, (q, k, v), row, retain_graph=True)):
+            torch.testing.assert_close(got[i], want)
+
+
+def test_dispatch_subclasses_and_meta_tensors_run_the_op():
+    """A __torch_dispatch__ wrapper subclass gets the op (each of its halves the right values); meta tensors get the
+    op's fake impl (shapes, no kernel)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    q, k, v = _qkv()
+    out = fused_linear_attention(TwoTensor(q, 2 * q), TwoTensor(k, k), TwoTensor(v, v))
+    torch.testing.assert_close(out.a, fused_linear_attention(q, k, v))
+    torch.testing.assert_close(out.b, fused_linear_attention(2 * q, k, v))
+    meta = fused_linear_attention(*(x.to("meta") for x in (q, k, v)))
+    assert meta.is_meta and meta.shape == q.shape[:3] + v.shape[3:]
+
+
+def test_a_users_kernel_for_the_op_runs(tmp_path):
+    """A kernel a user registers for the op runs (in a fresh interpreter: registrations last for the process)."""
+    script = tmp_path / "register.py"
+    script.write_text(
+        "import torch\n"
+        "from vitzoo.kernels import fused_linear_attention\n"
+        "from vitzoo.kernels.ops import linear_attention_op\n"
+        "calls = []\n"
+        "@linear_attention_op.register_kernel('cpu')\n"
+        "def _(q, k, v, *args):\n"
+        "    calls.append(1)\n"
+        "    return torch.zeros_like(v), q.new_zeros(2, 4, 4), q.new_zeros(2, 4)\n"
+        "q = torch.randn(1, 2, 5, 4)\n"
+        "with torch.no_grad():\n"
+        "    out = fused_linear_attention(q, q, q)\n"
+        "assert calls and not out.any(), 'the registered kernel did not run'\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("chunk", [16.0, True, "8"])
+def test_a_chunk_that_is_no_int_is_refused(chunk):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="chunk must be a positive int"):
+        fused_linear_attention(q, k, v, impl="torch", chunk=chunk)

@@ -114,8 +114,8 @@ def fused_linear_attention(
             fq, fk = phi(q.to(wide)), mask_keys(phi(k.to(wide)), key_mask)
             return fused_linear_attention(fq, fk, v.to(wide), "identity", eps, impl, chunk, use_kernel).to(v.dtype)
         k = torch.where(key_mask.unsqueeze(-1), k, k.new_full((), zero))  # a select: a padded key's own value is gone
-    if chunk is not None and chunk < 1:
-        raise ValueError(f"chunk must be a positive number of tokens (or None for automatic), got {chunk}")
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise ValueError(f"chunk must be a positive int number of tokens (or None for automatic), got {chunk!r}")
     if impl != "torch" and q.numel() and k.numel() and v.numel():  # empty inputs: nothing to launch
         refusal = _triton_refusal(q, v, feature_map)
         if refusal is None and (impl == "triton" or q.is_cuda):

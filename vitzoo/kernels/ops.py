@@ -114,12 +114,39 @@ def _eager_grads(q, k, v, dout, feature_map: str, eps: float, needs: Sequence[bo
     return tuple(next(found) if need else None for need in needs)
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain(x: Tensor) -> bool:
+    """A dense tensor with its own storage: no subclass (FakeTensor, DTensor, any __torch_dispatch__ wrapper), no meta
+    tensor (the op's fake impl serves those), no legacy-vmap batch (autograd.grad(is_grads_batched=True)), no
+    functionalization wrapper."""
+    return (
+        type(x) in _PLAIN_TYPES
+        and not x.is_meta
+        and not torch._C._functorch.is_legacy_batchedtensor(x)
+        and not torch._is_functional_tensor(x)
+    )
+
+
+def _only_ours(op) -> bool:
+    """Whether the op has only vitzoo's own kernel: where a user registered a kernel, an autocast rule or a dispatch
+    rule for it (torch.library.register_kernel / register_autocast / register_torch_dispatch) the op runs them."""
+    return (
+        len(getattr(op, "_backend_fns", ())) <= 1
+        and not getattr(op, "_autocast_dtype", None)
+        and not getattr(op, "_torch_dispatch_fns", None)
+        and not getattr(op, "_disabled_kernel", None)
+    )
+
+
 def _direct(*tensors: Tensor) -> bool:
-    """Whether a call may run its path's function itself instead of the op: plain tensors in eager mode, outside
-    every compiler, tracer (jit and ONNX tracing included: a trace would hold the result as a constant), functorch
-    transform, forward-AD level, dispatch or function mode and the profiler (all of which see the op).
-    The same function runs either way; the op's dispatch costs ~30 us a call on warm cores, ~120 us after other work
-    (2-core VM), against ~450 us for a whole 1,024-token forward."""
+    """Whether a call may run its path's function itself instead of the op: plain tensors (``_plain``) in eager mode,
+    outside every compiler, tracer (jit and ONNX tracing included: a trace would hold the result as a constant),
+    functorch transform, forward-AD level, dispatch or function mode and the profiler, with no registration of a
+    user's on the op (all of which see or run the op). Not seen by the profiler's execution-trace observer, which
+    records the path's own ops instead. The same function runs either way; the op's dispatch costs ~30 us a call on
+    warm cores, ~120 us after other work (2-core VM), against ~450 us for a whole 1,024-token forward."""
     return not (
         torch.compiler.is_compiling()
         or torch.jit.is_tracing()
@@ -128,6 +155,8 @@ def _direct(*tensors: Tensor) -> bool:
         or torch._C._len_torch_dispatch_stack()
         or torch.overrides.has_torch_function(tensors)
         or torch.autograd._profiler_enabled()
+        or not all(_plain(x) for x in tensors)
+        or not (_only_ours(linear_attention_op) and _only_ours(linear_attention_backward_op))
     )
 
 
