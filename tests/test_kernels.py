@@ -435,6 +435,23 @@ def test_torch_func_grad_and_per_sample_grads_match_eager():
         torch.testing.assert_close(*out)
 
 
+def test_torch_func_vjp_and_jacrev_match_eager():
+    """torch.func.vjp's function and jacrev run after their transform ended: the analytic backward serves them."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    dout = torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64)
+    found = {}
+    for impl in ("torch", "eager"):
+
+        def f(q, k, v, impl=impl):
+            return AF.linear_attention(q, k, v, impl=impl)
+
+        _, vjp_fn = torch.func.vjp(f, q, k, v)
+        found[impl] = (*vjp_fn(dout), *torch.func.jacrev(f, argnums=(0, 1, 2))(q, k, v))
+    for got, want in zip(found["torch"], found["eager"]):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("impl", ["auto", "torch"])
 @pytest.mark.parametrize(
     "shapes",

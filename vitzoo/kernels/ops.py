@@ -120,11 +120,12 @@ _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 def _plain(x: Tensor) -> bool:
     """A dense tensor with its own storage: no subclass (FakeTensor, DTensor, any __torch_dispatch__ wrapper), no meta
     tensor (the op's fake impl serves those), no legacy-vmap batch (autograd.grad(is_grads_batched=True)), no
-    functionalization wrapper."""
+    functorch or functionalization wrapper."""
     return (
         type(x) in _PLAIN_TYPES
         and not x.is_meta
         and not torch._C._functorch.is_legacy_batchedtensor(x)
+        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
         and not torch._is_functional_tensor(x)
     )
 
@@ -160,6 +161,12 @@ def _direct(*tensors: Tensor) -> bool:
     )
 
 
+def _in_graph(x: Tensor) -> bool:
+    """Whether x carries a graph a further backward could follow (x.requires_grad alone also holds for the inputs of a
+    torch.func transform that has ended: torch.func.vjp's, jacrev's)."""
+    return x.view_as(x).requires_grad
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, *options = inputs
     _, S, z = output
@@ -171,7 +178,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, _dS, _dz):
     q, k, v, S, z = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:3])
-    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+    if torch.is_grad_enabled() and any(_in_graph(x) for x in (q, k, v, dout)):  # create_graph=True: differentiable
         grads = _eager_grads(q, k, v, dout, *ctx.options[:2], needs)
     elif _direct(dout, q, k, v):
         grads = _path_backward(dout, q, k, v, S, z, *ctx.options, needs)
