@@ -11,7 +11,9 @@ S (B*H, F, Dv) and z (B*H, F) are the state, saved for backward, not differentia
 - vmap: the mapped dim is folded into the batch, so one call serves every sample.
 
 ``fused_linear`` is the entry the paths call: the op behind an autograd Function sharing that formula,
-as torch.func does not take a custom op's registered autograd.
+as torch.func does not take a custom op's registered autograd. Plain eager calls on plain tensors (``_direct``) run
+the op's body without its dispatch, about half of a small call's cost; whatever traces, transforms or overrides the
+op gets the op.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def fused_linear(
 ) -> Tensor:
     """The output of ``vitzoo::linear_attention`` with autograd for every front end (autograd, torch.func,
     torch.compile, torch.export); with no gradient to record, plain eager calls run the path's function alone."""
-    if _direct(q, k, v) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) and _direct(q, k, v):
         return _path_forward(q, k, v, feature_map, eps, impl, chunk, use_kernel)[0]
     return _LinearAttentionFn.apply(q, k, v, feature_map, eps, impl, chunk, use_kernel)[0]
 
