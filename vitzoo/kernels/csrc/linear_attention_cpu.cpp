@@ -51,9 +51,12 @@ namespace {
 
 enum Map : int64_t { kElu = 0, kRelu = 1, kIdentity = 2 };  // the order of cpu_kernel.CPU_KERNEL_MAPS
 
-// exp(x) for x <= 0 without a libm call: Cody-Waite reduction and Cephes' expf polynomial
-// (relative error < 1e-7). 2^n is applied as two normal factors, so that below fp32's normal range
-// (x < -87.3) the result is the rounded subnormal, as expf's is, and 0 below -104.
+// exp(x) for x <= 0 without a libm call: x = n ln2 + r (Cody-Waite: ln2 in two parts), exp(r) = 1 + r + r^2 P(r) with
+// P of degree 4 fitted to exp's relative error on [-ln2/2, ln2/2] (4e-9; through fp32's roundings the result is within
+// 8.1e-8 of float64's exp). 2^n is applied as two normal factors, so that below fp32's normal range (x < -87.3) the
+// result is the rounded subnormal, as expf's is, and 0 below -104.
+constexpr float kExpPoly[5] = {1.3752237427979708e-3f, 8.369117975234985e-3f, 4.1669536381959915e-2f,
+                               1.6666516661643982e-1f, 4.9999988079071045e-1f};  // P's, from the highest power
 inline float pow2(float n) {  // 2^n for an integer n in [-126, 127]
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float out;
@@ -64,12 +67,8 @@ inline float exp_nonpositive(float x) {
   x = std::max(x, -104.0f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);  // in [-150, 0]
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  float p = kExpPoly[0];
+  for (int c = 1; c < 5; ++c) p = p * r + kExpPoly[c];
   p = p * r * r + r + 1.0f;
   const float high = std::max(n, -125.0f);  // p 2^high is normal; one rounding, in the last product
   return p * pow2(high) * pow2(n - high);
@@ -123,9 +122,14 @@ struct Simd {
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // The integer n nearest x c, and in `e` what scale() takes for 2^n (here n itself).
+  using Exponent = V;
+  static V nearest(V x, float c, Exponent& e) {
+    e = _mm512_roundscale_ps(mul(x, set1(c)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return e;
+  }
   // p 2^n for integral n in [-150, 0]: one rounding, to the subnormal below fp32's normal range
-  static V scale(V p, V n) { return _mm512_scalef_ps(p, n); }
+  static V scale(V p, Exponent n) { return _mm512_scalef_ps(p, n); }
 };
 #else
 struct Simd {
@@ -149,54 +153,83 @@ struct Simd {
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
-  static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  // p 2^n for integral n in [-150, 0], p in [0.7, 1.5): n added to p's exponent where every lane stays normal
-  // (n >= -125), else as two normal factors, as exp_nonpositive(float) applies it (one rounding, in the last product)
-  static V scale(V p, V n) {
-    if (_mm256_movemask_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-125.0f), _CMP_LT_OQ)) == 0) {
-      const __m256i exponent = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-      return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent));
-    }
-    const V high = _mm256_max_ps(n, _mm256_set1_ps(-125.0f));
-    return _mm256_mul_ps(_mm256_mul_ps(p, pow2(high)), pow2(_mm256_sub_ps(n, high)));
+  // The integer n nearest x c, and in `e` what scale() takes for 2^n: one fused x c + 1.5 2^23 + 64 leaves n + 64 in
+  // the sum's low mantissa bits (|x c| < 2^21), and those shifted up to the exponent field are e = (n + 64) << 23.
+  using Exponent = __m256i;
+  static V nearest(V x, float c, Exponent& e) {
+    const V shifter = set1(12582976.0f);  // 1.5 2^23 + 64
+    const V t = fma(x, set1(c), shifter);
+    e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
+    return _mm256_sub_ps(t, shifter);
   }
-
- private:
-  static V pow2(V n) {  // 2^n for integral n in [-126, 127]
-    const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
+  // p 2^n for p in [0.7, 1.5) and n in [-150, 0]: n + 64 added to p's exponent (normal for all such n), then one
+  // product with 2^-64, exact, or the one rounding to the subnormal below fp32's normal range
+  static V scale(V p, Exponent e) {
+    return mul(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)), set1(0x1p-64f));
   }
 };
 #endif
 
-// exp_nonpositive above on a vector (the same reduction and polynomial), 2^n applied by Simd::scale.
-inline Simd::V exp_nonpositive(Simd::V x) {
-  x = Simd::max(x, Simd::set1(-104.0f));
-  const Simd::V n = Simd::round(Simd::mul(x, Simd::set1(1.44269504088896341f)));
-  Simd::V r = Simd::fnmadd(n, Simd::set1(0.693359375f), x);
-  r = Simd::fma(n, Simd::set1(2.12194440e-4f), r);
-  Simd::V p = Simd::set1(1.9875691500e-4f);
-  p = Simd::fma(p, r, Simd::set1(1.3981999507e-3f));
-  p = Simd::fma(p, r, Simd::set1(8.3334519073e-3f));
-  p = Simd::fma(p, r, Simd::set1(4.1665795894e-2f));
-  p = Simd::fma(p, r, Simd::set1(1.6666665459e-1f));
-  p = Simd::fma(p, r, Simd::set1(5.0000001201e-1f));
-  p = Simd::add(Simd::fma(p, Simd::mul(r, r), r), Simd::set1(1.0f));
-  return Simd::scale(p, n);
+// exp_nonpositive above on K vectors (the same reduction and polynomial), 2^n applied by Simd::scale. Each step is
+// taken on all K before the next: K independent chains of dependent steps for the core to overlap.
+template <int K>
+inline void exp_nonpositive(Simd::V (&x)[K]) {
+  Simd::Exponent e[K];
+  Simd::V n[K], r[K], p[K];
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) {
+    x[j] = Simd::max(x[j], Simd::set1(-104.0f));
+    n[j] = Simd::nearest(x[j], 1.44269504088896341f, e[j]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) r[j] = Simd::fnmadd(n[j], Simd::set1(0.693359375f), x[j]);
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) r[j] = Simd::fma(n[j], Simd::set1(2.12194440e-4f), r[j]);
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) p[j] = Simd::set1(kExpPoly[0]);
+#pragma GCC unroll 4
+  for (int c = 1; c < 5; ++c) {
+#pragma GCC unroll 8
+    for (int j = 0; j < K; ++j) p[j] = Simd::fma(p[j], r[j], Simd::set1(kExpPoly[c]));
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) p[j] = Simd::add(Simd::fma(p[j], Simd::mul(r[j], r[j]), r[j]), Simd::set1(1.0f));
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) x[j] = Simd::scale(p[j], e[j]);
 }
 
-// elu(x) + 1 = exp(min(x, 0)) + max(x, 0) on a vector; min / max with x second: a NaN x comes through, as
+// elu(x) + 1 = exp(min(x, 0)) + max(x, 0) on K vectors; min / max with x second: a NaN x comes through, as
 // std::min(x, 0) gives it.
-inline Simd::V elu_plus_one(Simd::V x) {
+template <int K>
+inline void elu_plus_one(Simd::V (&x)[K]) {
   const Simd::V zero = Simd::zero();
-  return Simd::add(exp_nonpositive(Simd::min(zero, x)), Simd::max(zero, x));
+  Simd::V neg[K];
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) neg[j] = Simd::min(zero, x[j]);
+  exp_nonpositive(neg);
+#pragma GCC unroll 8
+  for (int j = 0; j < K; ++j) x[j] = Simd::add(neg[j], Simd::max(zero, x[j]));
+}
+inline Simd::V elu_plus_one(Simd::V x) {
+  Simd::V v[1] = {x};
+  elu_plus_one(v);
+  return v[0];
 }
 
+// Four vectors at a time, then one, then a ragged tail through a mask (AVX2's masked stores cost far more than plain
+// ones on AMD cores).
 template <>
 inline void phi_row<kElu, float>(const float* __restrict xr, float* __restrict fr, int64_t width) {
+  constexpr int64_t L = Simd::kLanes;
   int64_t i = 0;
-  for (; i + Simd::kLanes <= width; i += Simd::kLanes) Simd::store(fr + i, elu_plus_one(Simd::load(xr + i)));
-  if (i < width) {  // a ragged tail through a mask (AVX2's masked stores cost far more than plain ones on AMD cores)
+  for (; i + 4 * L <= width; i += 4 * L) {
+    Simd::V v[4] = {Simd::load(xr + i), Simd::load(xr + i + L), Simd::load(xr + i + 2 * L), Simd::load(xr + i + 3 * L)};
+    elu_plus_one(v);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) Simd::store(fr + i + j * L, v[j]);
+  }
+  for (; i + L <= width; i += L) Simd::store(fr + i, elu_plus_one(Simd::load(xr + i)));
+  if (i < width) {
     const Simd::Mask m = Simd::first(width - i);
     Simd::store(fr + i, m, elu_plus_one(Simd::load(xr + i, m)));
   }
