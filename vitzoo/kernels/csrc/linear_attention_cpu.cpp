@@ -8,7 +8,8 @@
 // and the element-wise work fused into row loops over the block (1 / den folded into the feature rows, so that the
 // products write the results directly), the (block x d x d) products in register tiles where the build targets
 // AVX-512 or AVX2 with FMA, else handed straight to BLAS (the sgemm_ of the MKL that ATen links, else ATen's mm).
-// Outputs of 2 MiB or more (out, dq, dk, dv) are written with non-temporal stores (`streamed`).
+// The rows a block's products read next are prefetched during its feature loops (`prefetch_row`), and outputs of
+// 2 MiB or more (out, dq, dk, dv) are written with non-temporal stores (`streamed`).
 // Inputs are (B, H, N, D) with unit column stride and any other strides (timm's packed qkv views); float32, or float64
 // for gradcheck. phi'(x) is read off f = phi(x): elu+1 -> min(f, 1) (f = exp(x) <= 1 for x <= 0, x + 1 > 1 above),
 // relu -> [f > 0], identity (features computed by the caller) -> 1. Built with -fno-trapping-math so that the
