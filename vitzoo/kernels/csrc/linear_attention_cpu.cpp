@@ -371,7 +371,8 @@ void gemm(bool ta, int64_t m, int64_t n, int64_t k, const T* A, int64_t lda, con
   if constexpr (std::is_same_v<T, float>) {
 #if defined(VITZOO_SIMD)
     const bool streamed = stream && beta == 0.0f;
-    small_gemm(ta, m, n, k, A, lda, B, ldb, C, ldc, beta != 0.0f ? Store::kAdd : streamed ? Store::kStream : Store::kWrite);
+    const Store store = beta != 0.0f ? Store::kAdd : streamed ? Store::kStream : Store::kWrite;
+    small_gemm(ta, m, n, k, A, lda, B, ldb, C, ldc, store);
     if (streamed) _mm_sfence();  // the streamed lines reach memory before anyone reads them
     return;
 #else
@@ -606,7 +607,7 @@ struct Partial {
 // Asks for row r of slice s of `rows` (each of its cache lines) before it is read: the feature loops below request the
 // rows that their block's products read next, so that a cold block arrives while the feature map is computed instead of
 // stalling the register tiles (on a 2-core AMD EPYC VM: 5-8% off a forward of 4,096-8,192 tokens after other work). On
-// x86 an explicit prefetcht0: GCC 12 drops a loop of __builtin_prefetch from an inlined helper.
+// x86 an explicit prefetcht0: GCC 12 drops a loop of __builtin_prefetch (or _mm_prefetch) from an inlined helper.
 template <typename T>
 inline void prefetch_row(const Rows<T>* rows, int64_t s, int64_t r) {
   if (rows == nullptr) return;
@@ -820,30 +821,30 @@ void advise_huge_pages(const at::Tensor& t) {
 #endif
 }
 
-// An output the kernel writes once is streamed past the caches (Store::kStream) from 2 MiB on, twice a core's L2: its
-// old lines are not read in first, and it does not evict the inputs the call still reads (on a 2-core AMD EPYC VM:
-// 2-5% off a cold forward or backward from 4,096 tokens of 3 x 64 channels; ViT-Tiny's img/s at 512-1024 px unchanged).
+// An output the kernel writes once is streamed past the caches (Store::kStream) from 2 MiB on, more than a core's L2
+// holds: its old lines are not read in first, and it does not evict the inputs the call still reads (on a 2-core AMD
+// EPYC VM: 2-5% off a cold forward or backward from 4,096 tokens of 3 x 64 channels; ViT-Tiny's img/s at 512-1024 px
+// unchanged).
 constexpr int64_t kStreamBytes = int64_t(2) << 20;
 inline bool streamed(const at::Tensor& t) { return t.numel() * int64_t(t.element_size()) >= kStreamBytes; }
 
-// dst's `rows` rows (row stride ldd) = src's (rows x width, contiguous), streamed where `stream` (then fenced).
+// dst's `rows` rows (row stride ldd) = src's (rows x width, contiguous), float32 streamed (then fenced) where the build
+// targets AVX-512 or AVX2, else copied.
 template <typename T>
-void copy_rows(const T* __restrict src, int64_t rows, int64_t width, T* __restrict dst, int64_t ldd, bool stream) {
+void stream_rows(const T* __restrict src, int64_t rows, int64_t width, T* __restrict dst, int64_t ldd) {
 #if defined(VITZOO_SIMD)
   if constexpr (std::is_same_v<T, float>) {
-    if (stream) {
-      constexpr int64_t L = Simd::kLanes;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* sr = src + r * width;
-        float* dr = dst + r * ldd;
-        int64_t i = 0;
-        for (; i < width && reinterpret_cast<uintptr_t>(dr + i) % sizeof(Simd::V) != 0; ++i) dr[i] = sr[i];
-        for (; i + L <= width; i += L) Simd::stream(dr + i, Simd::load(sr + i));
-        for (; i < width; ++i) dr[i] = sr[i];
-      }
-      _mm_sfence();
-      return;
+    constexpr int64_t L = Simd::kLanes;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* sr = src + r * width;
+      float* dr = dst + r * ldd;
+      int64_t i = 0;
+      for (; i < width && reinterpret_cast<uintptr_t>(dr + i) % sizeof(Simd::V) != 0; ++i) dr[i] = sr[i];
+      for (; i + L <= width; i += L) Simd::stream(dr + i, Simd::load(sr + i));
+      for (; i < width; ++i) dr[i] = sr[i];
     }
+    _mm_sfence();
+    return;
   }
 #endif
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ldd, src + r * width, width * sizeof(T));
@@ -936,7 +937,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
     if (state_grads) gemm<T>(true, D, Dv, rows, f, D, dos(s, r0), dos.ld, T(1), dS_parts.slot(s, part), Dv);
     query_rows(rows, D, f, a, lda, zs, inv, dq.has_value() ? p : nullptr,
                state_grads ? dz_parts.slot(s, part) : nullptr);
-    if (stream_dq) copy_rows(a, rows, D, dqs(s, r0), dqs.ld, true);
+    if (stream_dq) stream_rows(a, rows, D, dqs(s, r0), dqs.ld);
   });
   if (!state_grads) return;
   const at::Tensor dS = dS_parts.total().view({BH, D, Dv}), dz = dz_parts.total(), dS_t = transposed<T>(dS);
@@ -958,7 +959,7 @@ void backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, 
 #pragma omp simd
       for (int64_t i = 0; i < D; ++i) o[i] = (o[i] + dzs[i]) * dphi<M>(fr[i]);
     }
-    if (stream_dk) copy_rows(a, rows, D, dks(s, r0), dks.ld, true);
+    if (stream_dk) stream_rows(a, rows, D, dks(s, r0), dks.ld);
   });
 }
 
