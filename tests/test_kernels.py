@@ -225,20 +225,22 @@ def test_cpu_kernel_matches_naive_reference(feature_map, shape, threads):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape", [(1, 1, 16384, 36, 36), (1, 2, 4100, 64, 64)], ids=lambda s: "x".join(map(str, s)))
-def test_cpu_kernel_streamed_outputs_match_naive_reference(shape):
-    """Outputs of the kernel's streaming size (out, dq, dk, dv written past the caches) against the float64 formula:
-    rows of 36 channels start on and off the vector alignment and end in a partial vector; 4,100 tokens of 64 on two
-    threads end in a short block."""
+def test_cpu_kernel_streamed_outputs_match_naive_reference(shape, dtype):
+    """Outputs of the kernel's streaming size (out, dq, dk, dv written past the caches; float64 through the block's
+    scratch and a copy) against the float64 formula: rows of 36 channels start on and off the vector alignment and
+    end in a partial vector; 4,100 tokens of 64 on two threads end in a short block."""
     b, h, n, d, dv = shape
     assert b * h * n * min(d, dv) * 4 >= CK.cpu_kernel(torch.zeros(1), "elu").stream_bytes(), "below the streaming size"
-    q, k, v = make_qkv(b, h, n, d, dv, seed=1)
+    q, k, v = make_qkv(b, h, n, d, dv, dtype=dtype, seed=1)
     out = torch_path(q, k, v, "elu", EPS, use_kernel=True)
     wide = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     ref = naive_linear_attention(*wide, "elu", EPS)
-    assert_close_rel(out, ref, 1e-5, atol=0)
+    rtol, grad_rtol, atol = (1e-5, 1e-4, 1e-6) if dtype == torch.float32 else (1e-12, 1e-11, 0)
+    assert_close_rel(out, ref, rtol, atol=0)
     for g, g_ref in zip(grads(out, (q, k, v)), grads(ref, wide), strict=True):
-        assert_close_rel(g, g_ref, 1e-4, atol=1e-6)
+        assert_close_rel(g, g_ref, grad_rtol, atol=atol)
 
 
 def test_cpu_kernel_on_two_threads_is_deterministic():
